@@ -1,0 +1,115 @@
+"""Command line: parse, call, exit. No logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from launcher import __version__
+from launcher.knobs import KNOBS
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _add_knobs(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("launcher options (each also a LAUNCHER_* variable; flags win)")
+    for name, knob in KNOBS.items():
+        group.add_argument(knob.flag, dest=name, metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+
+
+def _overrides(namespace: argparse.Namespace) -> dict:
+    from launcher.settings import Override
+
+    return {
+        name: Override(getattr(namespace, name), knob.flag)
+        for name, knob in KNOBS.items()
+        if getattr(namespace, name, None) is not None
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainer-launcher", description="The in-pod side of distributed training on Kubernetes.")
+    parser.add_argument("--version", action="version", version=f"trainer-launcher {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    torch = commands.add_parser("torch", help="run torchrun from the PET_* environment, supervised",
+                                usage="trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]")
+    _add_knobs(torch)
+
+    plan = commands.add_parser("plan", help="print what would run, as JSON; no side effects",
+                               usage="trainer-launcher plan [--framework torch] [OPTIONS] [-- [TORCHRUN FLAGS] [SCRIPT ...]]")
+    plan.add_argument("--framework", choices=["torch"], default="torch")
+    _add_knobs(plan)
+
+    run = commands.add_parser("exec", help="run any command with the same supervision and exit codes",
+                              usage="trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
+    _add_knobs(run)
+
+    local = commands.add_parser("local", help="emulate an N-node TrainJob on this machine",
+                                usage="trainer-launcher local --nnodes N --nproc-per-node P [OPTIONS] [--] SCRIPT [ARGS...]")
+    local.add_argument("--nnodes", default="2", help="emulated nodes (default 2)")
+    local.add_argument("--nproc-per-node", default="1", help="processes per node: a count, auto, cpu or gpu (default 1)")
+    local.add_argument("--trainjob", default="local", help="the TrainJob name the pod names derive from (default local)")
+    local.add_argument("--master-port", default=None, help="the master port (default: a free port)")
+    local.add_argument("--isolation", choices=["auto", "namespaces", "none"], default="auto",
+                       help="per-node hostname and /etc/hosts in namespaces (auto: when root)")
+    _add_knobs(local)
+    return parser
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The subcommand and its options, then what belongs to torchrun or the command: everything
+    after ``--``, or else from the first word that is neither an option nor an option's value."""
+    if "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1:]
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):
+        takes_value = argv[i] not in ("-h", "--help", "--version") and "=" not in argv[i]
+        i += 2 if takes_value else 1
+    return argv[:i], argv[i:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    head, rest = _split(argv)
+    args = _parser().parse_args(head)
+    overrides = _overrides(args)
+    if args.command == "torch":
+        from launcher.torch_job import run_torch
+
+        return run_torch(overrides, rest)
+    if args.command == "exec":
+        from launcher.exec_job import run_exec
+
+        return run_exec(overrides, rest)
+    if args.command == "local":
+        from launcher.local import run_local
+
+        return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation)
+    return _plan(overrides, rest)
+
+
+def _plan(overrides: dict, rest: list[str]) -> int:
+    from launcher import settings
+    from launcher.outcome import LauncherError
+    from launcher.report import deliver
+    from launcher.settings import LauncherSettings
+    from launcher.torch_job import make_plan
+
+    try:
+        launcher = settings.load(LauncherSettings, overrides)
+        plan, _ = make_plan(rest, require_program=False)
+    except LauncherError as error:
+        return deliver(error.outcome(), None)
+    print(json.dumps({**plan.to_json(), "launcher": {
+        "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
+        "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
+    }}, indent=2))
+    return 0

@@ -1,0 +1,249 @@
+"""The one exit-code table.
+
+Everything that ends a launcher run (a rank's exit, a signal the launcher received, a wait
+that timed out, bad configuration) becomes an :class:`Outcome` here and nowhere else, so the
+process exit code, the retryable flag and the JSON termination message always agree. The
+runtimes' failure policies are derived from the same constants.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass, field, replace
+
+SUCCESS = 0
+CONFIG_ERROR = 2
+COMMAND_NOT_FOUND = 127
+# The launcher's own transient failures and ranks that show a node/network fault. Trainer v1
+# reserved 138 (128 + SIGUSR1) for user-defined retryable errors; we use it the same way.
+TRANSIENT = 138
+
+DEFAULT_RETRYABLE_EXIT_CODES: frozenset[int] = frozenset({130, 137, 138, 143})
+# Killed by these, a rank crashed on its own: permanent, whatever the retryable set says,
+# unless its output shows a hardware fault.
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGILL, signal.SIGFPE, signal.SIGBUS})
+
+# Output that marks a failure as a node or network fault rather than a bug in the program.
+NODE_FAULT_PATTERNS: tuple[str, ...] = (
+    r"Watchdog caught collective operation timeout",
+    r"ProcessGroupNCCL.*(?:[Tt]imeout|timed out)",
+    r"NCCL communicator was aborted",
+    r"NCCL error.*(?:unhandled system error|remote process exited|internal error|ncclRemoteError|ncclSystemError)",
+    r"ncclRemoteError|ncclSystemError",
+    r"NET/(?:IB|Socket).*(?:[Cc]onnection (?:reset|refused|closed)|Got completion .*error)",
+    r"[Cc]onnection reset by peer",
+    r"[Cc]onnection closed by peer",
+    r"uncorrectable ECC error",
+    r"\bXid\b.{0,40}\b(?:48|63|64|74|79|92|94|95|119|120)\b",
+    r"CUDA error: (?:an illegal memory access.*ECC|uncorrectable|unspecified launch failure.*Xid)",
+    r"GPU has fallen off the bus",
+    r"RendezvousTimeoutError|RendezvousConnectionError",
+)
+# The subset that says a peer went away: on their own they point at someone else's failure.
+PEER_LOSS_PATTERN = re.compile(
+    r"[Cc]onnection (?:reset|closed) by peer|remote process exited|ncclRemoteError"
+)
+
+
+def evidence_regex(extra: str | None = None) -> re.Pattern[str]:
+    """The compiled node-fault evidence, with the user's extra pattern OR-ed in."""
+    patterns = list(NODE_FAULT_PATTERNS)
+    if extra:
+        patterns.append(extra)
+    return re.compile("|".join(f"(?:{p})" for p in patterns))
+
+
+class LauncherError(Exception):
+    """A failure of the launcher itself, already classified."""
+
+    exit_code = CONFIG_ERROR
+    reason = "ConfigError"
+
+    def outcome(self) -> Outcome:
+        return Outcome(
+            exit_code=self.exit_code,
+            retryable=self.exit_code != CONFIG_ERROR,
+            reason=self.reason,
+            message=str(self),
+        )
+
+
+class ConfigError(LauncherError):
+    """Bad input: one line naming the variable or argument, its value and what was expected."""
+
+    def __init__(self, name: str, value: object, expected: str, *, secret: bool = False):
+        self.name, self.value, self.expected = name, value, expected
+        if value is None:
+            shown = f"{name} is unset"
+        else:
+            shown = f"{name}={'***' if secret else repr(value)}"
+        super().__init__(f"{shown}: expected {expected}")
+
+
+class WaitTimeout(LauncherError):
+    """A name or port the job needs never came up before the deadline."""
+
+    exit_code = TRANSIENT
+    reason = "RendezvousTimeout"
+
+
+@dataclass(frozen=True)
+class RootCause:
+    node: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "node": self.node,
+            "rank": self.rank,
+            "localRank": self.local_rank,
+            "exitCode": self.exit_code,
+            "signal": self.signal,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> RootCause:
+        return cls(
+            node=data.get("node"),
+            rank=data.get("rank"),
+            local_rank=data.get("localRank"),
+            exit_code=data.get("exitCode"),
+            signal=data.get("signal"),
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    retryable: bool
+    reason: str
+    message: str
+    root_cause: RootCause | None = None
+    evidence: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        data: dict = {
+            "retryable": self.retryable,
+            "exitCode": self.exit_code,
+            "reason": self.reason,
+            "message": self.message,
+        }
+        if self.root_cause is not None:
+            data["rootCause"] = self.root_cause.to_json()
+        if self.evidence:
+            data["evidence"] = self.evidence
+        data.update(self.extra)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> Outcome:
+        known = {"retryable", "exitCode", "reason", "message", "rootCause", "evidence"}
+        root = data.get("rootCause")
+        return cls(
+            exit_code=int(data["exitCode"]),
+            retryable=bool(data["retryable"]),
+            reason=str(data["reason"]),
+            message=str(data.get("message", "")),
+            root_cause=RootCause.from_json(root) if isinstance(root, dict) else None,
+            evidence=data.get("evidence"),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    def with_extra(self, **extra) -> Outcome:
+        return replace(self, extra={**self.extra, **extra})
+
+    def on_node(self, node: str) -> Outcome:
+        """Name the node as the root cause when nothing more precise is known."""
+        return self if self.root_cause is not None else replace(self, root_cause=RootCause(node=node))
+
+    def termination_message(self, limit: int = 4096) -> str:
+        """The JSON for /dev/termination-log, shortened to fit Kubernetes' 4096 bytes."""
+        outcome = self
+        text = json.dumps(outcome.to_json(), separators=(",", ":"))
+        budget = 1024
+        while len(text.encode()) > limit and budget >= 16:
+            outcome = replace(
+                outcome,
+                message=_shorten(self.message, budget),
+                evidence=_shorten(self.evidence, budget // 2) if self.evidence else None,
+                extra={},
+            )
+            text = json.dumps(outcome.to_json(), separators=(",", ":"))
+            budget //= 2
+        return text
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+def code_for(returncode: int) -> int:
+    """A Popen-style return code (negative for a signal) as a shell would report it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def classify(
+    returncode: int,
+    *,
+    retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES,
+    evidence: str | None = None,
+    root_cause: RootCause | None = None,
+    what: str = "the command",
+) -> Outcome:
+    """The table itself: a failed process's return code (negative: killed by that signal).
+
+    | what happened                                   | exit code  | retryable |
+    | exited 0                                        | 0          | -         |
+    | output shows a node/network fault               | 138        | yes       |
+    | killed by SIGSEGV/SIGILL/SIGFPE/SIGBUS          | 128+signal | no        |
+    | exit code (or 128+signal) in the retryable set  | that code  | yes       |
+    | any other exit code or signal                   | that code  | no        |
+    """
+    code = code_for(returncode)
+    sig = -returncode if returncode < 0 else None
+    how = f"was killed by {signal_name(sig)}" if sig else f"exited with code {code}"
+    if code == SUCCESS:
+        return Outcome(SUCCESS, False, "Succeeded", f"{what} succeeded", root_cause)
+    if evidence:
+        return Outcome(
+            TRANSIENT,
+            True,
+            "NodeFault",
+            f"{what} {how}; its output shows a node or network fault",
+            root_cause,
+            evidence,
+        )
+    if sig in CRASH_SIGNALS:
+        return Outcome(code, False, "Crashed", f"{what} {how}", root_cause)
+    if code in retryable_codes:
+        reason = "Killed" if sig else "RetryableExit"
+        return Outcome(code, True, reason, f"{what} {how}", root_cause)
+    return Outcome(code, False, "Signaled" if sig else "Failed", f"{what} {how}", root_cause)
+
+
+def terminated(signum: int, retryable_codes: frozenset[int]) -> Outcome:
+    """The launcher was asked to stop (pod deletion, Ctrl-C) and tore the job down."""
+    code = 128 + signum
+    return Outcome(
+        code,
+        code in retryable_codes,
+        "Terminated",
+        f"the launcher received {signal_name(signum)} and stopped the job",
+    )
+
+
+def success() -> Outcome:
+    return Outcome(SUCCESS, False, "Succeeded", "the job succeeded")

@@ -1,0 +1,52 @@
+"""Deliver an outcome: one log line, the termination message, the exit code. Secrets redacted."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from launcher import log
+from launcher.outcome import Outcome
+from launcher.settings import redact
+
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+
+
+def deliver(outcome: Outcome, termination_log: str | None) -> int:
+    outcome = replace(
+        outcome,
+        message=redact(outcome.message),
+        evidence=redact(outcome.evidence) if outcome.evidence else None,
+        extra={k: _redacted(v) for k, v in outcome.extra.items()},
+    )
+    kind = "retryable" if outcome.retryable else "permanent"
+    if outcome.exit_code == 0:
+        log.info(outcome.message, exitCode=0)
+    else:
+        log.error(f"{outcome.message} -> exit {outcome.exit_code} ({kind}, {outcome.reason})",
+                  exitCode=outcome.exit_code, reason=outcome.reason, retryable=outcome.retryable)
+        if outcome.evidence:
+            log.error(f"evidence: {outcome.evidence}")
+    write_termination_log(outcome, termination_log)
+    return outcome.exit_code
+
+
+def _redacted(value):
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_redacted(item) for item in value]
+    return value
+
+
+def write_termination_log(outcome: Outcome, path: str | None) -> None:
+    """Kubernetes reads /dev/termination-log (it creates the file); elsewhere write only where asked."""
+    if path is None:
+        if not os.path.exists(DEFAULT_TERMINATION_LOG):
+            return
+        path = DEFAULT_TERMINATION_LOG
+    try:
+        with open(path, "w") as handle:
+            handle.write(outcome.termination_message())
+    except OSError as error:
+        log.error(f"could not write the termination message to {path}: {error.strerror}")

@@ -1,0 +1,355 @@
+"""The one place that spawns and waits: a small PID 1.
+
+Children run in their own process groups with PR_SET_PDEATHSIG, so no child outlives a launcher
+that is SIGKILLed. Signals arrive through a wakeup pipe into one select loop, which also relays
+the children's output (scanning it for node-fault evidence), reaps every process that dies
+(as PID 1 or as child subreaper: orphans too), and enforces the teardown grace: the first child
+to fail, or a terminating signal, sends SIGTERM to every process group below us, and whatever is
+still alive after the grace period gets SIGKILL. It returns only when nothing it started lives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import selectors
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from launcher.outcome import COMMAND_NOT_FOUND, LauncherError
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
+TAIL_LINES = 20
+LINE_LIMIT = 64 * 1024
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class Interrupted(Exception):
+    """A wait was cut short: a terminating signal arrived or a child exited."""
+
+
+class SpawnError(LauncherError):
+    reason = "CommandNotFound"
+
+    def __init__(self, message: str, exit_code: int = COMMAND_NOT_FOUND):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def set_child_subreaper() -> bool:
+    """Become the reaper of orphaned descendants (what PID 1 is anyway)."""
+    return os.getpid() == 1 or _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+@dataclass
+class Child:
+    name: str
+    pid: int
+    popen: subprocess.Popen
+    returncode: int | None = None  # negative: killed by that signal
+    exited_at: float | None = None
+    after_teardown: bool = False  # exited after we began tearing the job down
+    evidence: str | None = None  # first output line showing a node/network fault
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+
+class _Stream:
+    """One output pipe of a child, relayed to our stdout or stderr line by line when a
+    transform (e.g. a prefix) is set, else byte for byte."""
+
+    def __init__(self, pipe, child: Child, target: int, transform, scan):
+        self.pipe, self.fd = pipe, pipe.fileno()
+        self.child, self.target, self.transform, self.scan = child, target, transform, scan
+        self.partial = b""
+
+    def feed(self, data: bytes, write) -> None:
+        if self.transform is None:
+            write(self.target, data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        if len(self.partial) > LINE_LIMIT:
+            lines.append(self.partial)
+            self.partial = b""
+        for line in lines:
+            self._line(line, write)
+
+    def close(self, write) -> None:
+        if self.partial:
+            self._line(self.partial, write)
+            self.partial = b""
+
+    def _line(self, line: bytes, write) -> None:
+        text = line.decode("utf-8", "replace").rstrip("\r")
+        self.scan(self.child, text)
+        if self.transform is not None:
+            write(self.target, self.transform(text).encode("utf-8", "replace") + b"\n")
+
+
+class Supervisor:
+    def __init__(self, grace_period: float = 25.0, evidence: re.Pattern[str] | None = None):
+        self.grace_period = grace_period
+        self.evidence = evidence
+        self.children: list[Child] = []
+        self.exits: list[Child] = []  # in the order they exited
+        self.first_failure: Child | None = None
+        self.received_signal: int | None = None
+        self.teardown_started: float | None = None
+        self._killed = False
+        self._by_pid: dict[int, Child] = {}
+        self._selector = selectors.DefaultSelector()
+        self._streams: dict[int, _Stream] = {}
+        self._closed_targets: set[int] = set()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._saved: dict[int, object] = {}
+        self._saved_wakeup = -1
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def __enter__(self) -> Supervisor:
+        set_child_subreaper()
+        for sig in (*TERMINATING, *FORWARDED_ONLY, signal.SIGCHLD):
+            self._saved[sig] = signal.signal(sig, _note_signal)
+        self._saved_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if any(c.returncode is None for c in self.children):
+            self.kill_all()
+            self.run()
+        signal.set_wakeup_fd(self._saved_wakeup)
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        for stream in list(self._streams.values()):
+            self._close_stream(stream)
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
+        transform: Callable[[str], str] | None = None,
+    ) -> Child:
+        """Start ``argv`` in its own process group, dying with us, its output relayed."""
+        parent = os.getpid()
+
+        def in_child() -> None:
+            # Runs between fork and exec: die with the launcher, even if it is SIGKILLed.
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(128 + signal.SIGKILL)
+
+        try:
+            popen = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                process_group=0,
+                preexec_fn=in_child,
+            )
+        except FileNotFoundError:
+            raise SpawnError(f"{argv[0]}: command not found") from None
+        except PermissionError:
+            raise SpawnError(f"{argv[0]}: permission denied", 126) from None
+        child = Child(name=name, pid=popen.pid, popen=popen)
+        self.children.append(child)
+        self._by_pid[popen.pid] = child
+        for pipe, target in ((popen.stdout, 1), (popen.stderr, 2)):
+            os.set_blocking(pipe.fileno(), False)
+            stream = _Stream(pipe, child, target, transform, self._scan)
+            self._streams[stream.fd] = stream
+            self._selector.register(stream.fd, selectors.EVENT_READ, stream)
+        return child
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> list[Child]:
+        """Serve until every child has exited and nothing below us lives; return the exits."""
+        while any(c.returncode is None for c in self.children):
+            self.poll(self._timeout())
+        if self._descendants():  # orphans: daemons a child left behind
+            self.begin_teardown()
+            while self._descendants():
+                self.poll(self._timeout(0.05))
+        drain_until = time.monotonic() + 1.0
+        while len(self._streams) and time.monotonic() < drain_until:
+            self.poll(0.05)
+        return self.exits
+
+    def sleep(self, seconds: float) -> None:
+        """Serve for ``seconds``; raise Interrupted as soon as a signal stops the job or a child exits."""
+        end = time.monotonic() + seconds
+        while True:
+            self.poll(max(0.0, min(end - time.monotonic(), 0.5)))
+            if self.received_signal is not None or self.exits:
+                raise Interrupted()
+            if time.monotonic() >= end:
+                return
+
+    def poll(self, timeout: float | None) -> None:
+        for key, _ in self._selector.select(timeout):
+            if key.fd == self._wake_r:
+                self._handle_signals()
+            else:
+                self._read(key.data)
+        self._reap()
+        if self.teardown_started is not None and not self._killed:
+            if time.monotonic() >= self.teardown_started + self.grace_period:
+                self.kill_all()
+
+    def _timeout(self, idle: float = 0.5) -> float:
+        if self.teardown_started is not None and not self._killed:
+            return max(0.0, min(idle, self.teardown_started + self.grace_period - time.monotonic()))
+        return idle
+
+    # --- signals -------------------------------------------------------------------------------
+
+    def _handle_signals(self) -> None:
+        try:
+            received = os.read(self._wake_r, 512)
+        except BlockingIOError:
+            return
+        for signum in received:
+            if signum in TERMINATING:
+                if self.received_signal == signal.SIGINT == signum:
+                    self.kill_all()  # a second Ctrl-C: no more grace
+                elif self.received_signal is None:
+                    self.received_signal = signum
+                self.forward(signum)
+                self.begin_teardown(send=False)
+            elif signum in FORWARDED_ONLY:
+                self.forward(signum)
+
+    def forward(self, signum: int) -> None:
+        """Send ``signum`` to every process group below us (ranks often run in their own)."""
+        own = os.getpgrp()
+        groups = {c.pid for c in self.children if c.returncode is None}
+        for pid in self._descendants():
+            try:
+                groups.add(os.getpgid(pid))
+            except OSError:
+                pass
+        for group in groups - {own}:
+            try:
+                os.killpg(group, signum)
+            except OSError:
+                pass
+
+    def begin_teardown(self, send: bool = True) -> None:
+        if self.teardown_started is None:
+            self.teardown_started = time.monotonic()
+            if send:
+                self.forward(signal.SIGTERM)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process below us, group by group and one by one."""
+        self._killed = True
+        if self.teardown_started is None:
+            self.teardown_started = time.monotonic()
+        pids = self._descendants()
+        self.forward(signal.SIGKILL)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _descendants(self) -> list[int]:
+        """Live processes below us (zombies excluded: the next reap takes them)."""
+        import psutil
+
+        try:
+            found = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return []
+        alive = []
+        for process in found:
+            try:
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process.pid)
+            except psutil.Error:
+                pass
+        return alive
+
+    # --- children ------------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self._by_pid.get(pid)
+            if child is None:
+                continue  # an orphan we inherited: reaped, nothing else to do
+            child.returncode = os.waitstatus_to_exitcode(status)
+            child.popen.returncode = child.returncode
+            child.exited_at = time.monotonic()
+            child.after_teardown = self.teardown_started is not None
+            self.exits.append(child)
+            if child.returncode != 0 and self.first_failure is None and not child.after_teardown:
+                self.first_failure = child
+                self.begin_teardown()
+
+    def _scan(self, child: Child, text: str) -> None:
+        child.tail.append(text[:500])
+        if child.evidence is None and self.evidence is not None and self.evidence.search(text):
+            child.evidence = text.strip()[:500]
+
+    def _read(self, stream: _Stream) -> None:
+        try:
+            data = os.read(stream.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            stream.feed(data, self._write)
+        else:
+            self._close_stream(stream)
+
+    def _close_stream(self, stream: _Stream) -> None:
+        stream.close(self._write)
+        self._selector.unregister(stream.fd)
+        del self._streams[stream.fd]
+        stream.pipe.close()
+
+    def _write(self, target: int, data: bytes) -> None:
+        if target in self._closed_targets:
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(target, view)
+            except BlockingIOError:
+                time.sleep(0.001)
+                continue
+            except OSError as error:
+                if error.errno in (errno.EPIPE, errno.EBADF):
+                    self._closed_targets.add(target)
+                    return
+                raise
+            view = view[written:]
+
+
+def _note_signal(signum, frame) -> None:
+    """The signal's number reaches the loop through the wakeup fd; nothing to do here."""

@@ -1,0 +1,56 @@
+"""A rank that does what the test asks, through environment variables:
+
+BEHAVIOUR  ok (default) | exit:<code> | kill:<SIGNAL> | ignore-term | nccl-error | sleep
+FAIL_RANK  the global rank that misbehaves (others wait in a barrier or sleep)
+REPORT_DIR each rank writes <rank>.json with what torchrun gave it and the all-reduce it saw
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+behaviour = os.environ.get("BEHAVIOUR", "ok")
+fail_rank = int(os.environ.get("FAIL_RANK", "-1"))
+report_dir = os.environ.get("REPORT_DIR")
+
+dist.init_process_group("gloo")
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+if report_dir:
+    with open(os.path.join(report_dir, f"{rank}.json"), "w") as handle:
+        json.dump({
+            "rank": rank,
+            "local_rank": int(os.environ["LOCAL_RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"]),
+            "group_rank": int(os.environ["GROUP_RANK"]),
+            "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]),
+            "allreduce": total.item(),
+            "pid": os.getpid(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "hostname": os.uname().nodename,
+        }, handle)
+print(f"rank {rank} ready", flush=True)
+
+if behaviour == "sleep" or (rank != fail_rank and behaviour != "ok"):
+    time.sleep(300)
+elif behaviour.startswith("exit:"):
+    time.sleep(0.2)
+    sys.exit(int(behaviour.split(":")[1]))
+elif behaviour.startswith("kill:"):
+    time.sleep(0.2)
+    os.kill(os.getpid(), getattr(signal, behaviour.split(":")[1]))
+elif behaviour == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(300)
+elif behaviour == "nccl-error":
+    print("[E ProcessGroupNCCL.cpp:1234] [Rank 1] Watchdog caught collective operation timeout: "
+          "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.", file=sys.stderr, flush=True)
+    os.abort()
+dist.barrier()
+dist.destroy_process_group()
