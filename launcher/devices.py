@@ -149,9 +149,9 @@ def cpu_affinity() -> int:
 def probe_host(host_env) -> HostFacts:
     """Read the real host. ``host_env`` is :class:`launcher.settings.HostEnv`."""
     return HostFacts(
-        hostname=host_env.hostname or socket.gethostname(),
+        hostname=host_env.hostname or socket.gethostname(),  # Kubernetes sets HOSTNAME to the pod name
         gpu_count=visible_gpu_count(host_env.cuda_visible_devices, host_env.nvidia_visible_devices),
         cpu_quota=cgroup_cpu_quota(),
         cpu_affinity=cpu_affinity(),
-        omp_num_threads_set=host_env.omp_num_threads is not None,
+        omp_num_threads_set=bool(host_env.omp_num_threads),
     )

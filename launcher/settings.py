@@ -193,6 +193,15 @@ def parse_exit_codes(raw: Any) -> frozenset[int]:
         raise _Invalid(expected) from None
 
 
+def parse_output_path(raw: Any) -> str:
+    """A file we will write at the very end: its directory must exist now, not after training."""
+    text = str(raw)
+    directory = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise _Invalid("a file path in an existing, writable directory")
+    return text
+
+
 def parse_regex(raw: Any) -> str:
     text = str(raw)
     try:
@@ -237,7 +246,7 @@ class LauncherSettings(_Settings):
 
     rendezvous_timeout: Annotated[float, NoDecode, _parsed(parse_duration)] = _knob("rendezvous_timeout", 600.0)
     grace_period: Annotated[float, NoDecode, _parsed(parse_duration)] = _knob("grace_period", 25.0)
-    termination_log: str | None = _knob("termination_log", None)
+    termination_log: Annotated[str | None, NoDecode, _parsed(parse_output_path)] = _knob("termination_log", None)
     retryable_exit_codes: Annotated[frozenset[int], NoDecode, _parsed(parse_exit_codes)] = _knob(
         "retryable_exit_codes", DEFAULT_RETRYABLE_EXIT_CODES)
     retryable_pattern: Annotated[str | None, NoDecode, _parsed(parse_regex)] = _knob("retryable_pattern", None)
@@ -276,6 +285,9 @@ class TorchSettings(_Settings):
 
 class HostEnv(_Settings):
     """Variables about this host that planning needs (never validated strictly: they are facts)."""
+
+    # Here empty is meaningful: CUDA_VISIBLE_DEVICES="" hides every GPU.
+    model_config = SettingsConfigDict(**{**_Settings.model_config, "env_ignore_empty": False})
 
     cuda_visible_devices: str | None = Field(None, validation_alias="CUDA_VISIBLE_DEVICES")
     nvidia_visible_devices: str | None = Field(None, validation_alias="NVIDIA_VISIBLE_DEVICES")

@@ -184,9 +184,9 @@ def plan_torch(
             if torch.master_addr is None:
                 raise ConfigError(
                     "PET_MASTER_ADDR", None,
-                    f"the master's address (or PET_RDZV_ENDPOINT) for {mode} rendezvous with {nnodes} nodes",
+                    f"the master's address (or PET_RDZV_ENDPOINT) for {mode} rendezvous (nnodes {nnodes})",
                 )
-            endpoint = f"{torch.master_addr}:{torch.master_port}"
+            endpoint = f"{_bracketed(torch.master_addr)}:{torch.master_port}"
             shown["rdzv_endpoint"] = f"{_name(sources, 'master_addr', 'PET_MASTER_ADDR')}:{_name(sources, 'master_port', 'PET_MASTER_PORT')}"
         else:
             shown["rdzv_endpoint"] = _name(sources, "rdzv_endpoint", "PET_RDZV_ENDPOINT")
@@ -235,6 +235,11 @@ def plan_torch(
         wait=wait,
         sources=shown,
     )
+
+
+def _bracketed(host: str) -> str:
+    """An IPv6 literal needs brackets before a ``:port`` is added."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def _wait_for(host: str, port: int, node_rank: int) -> Wait:

@@ -1,6 +1,6 @@
 """A rank that does what the test asks, through environment variables:
 
-BEHAVIOUR  ok (default) | exit:<code> | kill:<SIGNAL> | ignore-term | nccl-error | sleep
+BEHAVIOUR  ok (default) | exit:<code> | kill:<SIGNAL> | ignore-term | nccl-error | sleep | usr1
 FAIL_RANK  the global rank that misbehaves (others wait in a barrier or sleep)
 REPORT_DIR each rank writes <rank>.json with what torchrun gave it and the all-reduce it saw
 """
@@ -19,6 +19,8 @@ behaviour = os.environ.get("BEHAVIOUR", "ok")
 fail_rank = int(os.environ.get("FAIL_RANK", "-1"))
 report_dir = os.environ.get("REPORT_DIR")
 
+if behaviour == "usr1":  # every rank notes SIGUSR1 in REPORT_DIR/<rank>.usr1
+    signal.signal(signal.SIGUSR1, lambda *_: open(os.path.join(report_dir, f"{rank}.usr1"), "w").close())
 dist.init_process_group("gloo")
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
@@ -37,7 +39,7 @@ if report_dir:
         }, handle)
 print(f"rank {rank} ready", flush=True)
 
-if behaviour == "sleep" or (rank != fail_rank and behaviour != "ok"):
+if behaviour in ("sleep", "usr1") or (rank != fail_rank and behaviour != "ok"):
     time.sleep(300)
 elif behaviour.startswith("exit:"):
     time.sleep(0.2)

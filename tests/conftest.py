@@ -1,0 +1,102 @@
+"""Shared helpers: run the real CLI as a subprocess, with a clean Trainer-like environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RANKS = str(REPO / "tests" / "programs" / "ranks.py")
+IS_ROOT = os.geteuid() == 0 and shutil.which("unshare") is not None
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root and unshare(1) for namespaces")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without anything Trainer or the launcher would read."""
+    env = {
+        k: v for k, v in os.environ.items()
+        if not k.startswith(("PET_", "LAUNCHER_", "TORCHELASTIC_")) and k not in ("JOB_COMPLETION_INDEX", "OMP_NUM_THREADS")
+    }
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def launcher(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launcher", *args]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Job:
+    """A launcher process started in the background, its output in files."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], workdir: Path, name: str = "job"):
+        self.out = workdir / f"{name}.out"
+        self.err = workdir / f"{name}.err"
+        self.termination_log = workdir / f"{name}.termination.json"
+        env = {"LAUNCHER_TERMINATION_LOG": str(self.termination_log), **env}
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.process = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=REPO)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait(self, timeout: float = 120) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    @property
+    def stdout(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    def termination(self) -> dict:
+        return json.loads(self.termination_log.read_text())
+
+
+def wait_for(predicate, timeout: float = 60, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def rank_reports(report_dir: Path) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in report_dir.glob("*.json") if p.stem.isdigit()}
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (this machine's PID 1 does not reap orphans, so a dead orphan may linger as Z)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def report_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "ranks"
+    path.mkdir()
+    return path

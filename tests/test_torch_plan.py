@@ -1,0 +1,422 @@
+"""The pure torch planner: PET_* settings + host facts + the user's torchrun words -> torchrun argv.
+
+Settings are loaded in-process from a monkeypatched environment (every PET_* cleared first), and
+the host is a hand-made :class:`HostFacts`, so these tests say exactly which GPUs and CPUs the
+"machine" has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from launcher import settings
+from launcher.devices import HostFacts
+from launcher.outcome import ConfigError
+from launcher.settings import TorchSettings
+from launcher.torch_plan import (
+    C10D_DEFAULT_PORT, TorchPlan, Wait, plan_torch, resolve_nproc, split_torchrun_args,
+)
+
+MASTER = "tj-node-0-0.tj"  # what Trainer injects as PET_MASTER_ADDR for TrainJob "tj"
+CONSUMED = (
+    "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+    "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_MAX_RESTARTS",
+    "PET_STANDALONE",
+)
+
+
+def trainer_env(nnodes: int | str, rank: int, nproc: str = "1") -> dict[str, str]:
+    """What Trainer's torch policy injects into node ``rank``."""
+    return {
+        "PET_NNODES": str(nnodes), "PET_NPROC_PER_NODE": nproc, "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": MASTER, "PET_MASTER_PORT": "29500",
+    }
+
+
+def host(gpus: int = 0, quota: float | None = None, affinity: int = 8, omp: bool = False) -> HostFacts:
+    return HostFacts(hostname="tj-node-0-0", gpu_count=gpus, cpu_quota=quota, cpu_affinity=affinity,
+                     omp_num_threads_set=omp)
+
+
+@pytest.fixture
+def make_plan(monkeypatch):
+    """Plan with exactly ``env`` (no other PET_*), as ``trainer-launcher torch -- *args`` would."""
+
+    def make(env: dict[str, str] | None = None, args: tuple[str, ...] = ("train.py",),
+             facts: HostFacts | None = None) -> TorchPlan:
+        for name in list(os.environ):
+            if name.startswith("PET_") or name == "JOB_COMPLETION_INDEX":
+                monkeypatch.delenv(name)
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        run = split_torchrun_args(list(args))
+        torch = settings.load(TorchSettings, run.overrides)
+        sources = {
+            name: source for name in TorchSettings.model_fields
+            if (source := settings.source_of(TorchSettings, name, run.overrides))
+        }
+        return plan_torch(torch, facts or host(), run, sources)
+
+    return make
+
+
+def flags_before_script(plan: TorchPlan) -> list[str]:
+    return list(plan.torchrun_args)
+
+
+def value_of(plan: TorchPlan, flag: str) -> str:
+    args = flags_before_script(plan)
+    assert args.count(flag) == 1, f"{flag} should appear once in {args}"
+    return args[args.index(flag) + 1]
+
+
+# --- modes --------------------------------------------------------------------------------------
+
+
+def test_one_node_with_nothing_set_is_standalone(make_plan):
+    plan = make_plan({})
+
+    assert plan.mode == "standalone"
+    assert plan.argv == ("torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", "1", "train.py")
+    assert plan.wait == Wait(resolve=None, connect=None)
+
+
+def test_one_node_with_a_master_address_is_static_and_rank_0_only_waits_for_dns(make_plan):
+    plan = make_plan(trainer_env(1, 0))
+
+    assert plan.mode == "static"
+    assert plan.argv == (
+        "torchrun", "--nnodes", "1", "--nproc-per-node", "1", "--node-rank", "0",
+        "--rdzv-backend", "static", "--master-addr", MASTER, "--master-port", "29500", "train.py",
+    )
+    assert plan.wait.resolve == MASTER
+    assert plan.wait.connect is None
+
+
+def test_rank_2_of_4_is_static_and_waits_for_the_master_port(make_plan):
+    plan = make_plan(trainer_env(4, 2))
+
+    assert plan.mode == "static"
+    assert value_of(plan, "--nnodes") == "4"
+    assert value_of(plan, "--node-rank") == "2"
+    assert value_of(plan, "--master-addr") == MASTER
+    assert value_of(plan, "--master-port") == "29500"
+    assert plan.wait == Wait(resolve=MASTER, connect=(MASTER, 29500))
+    assert plan.node_rank == 2
+
+
+def test_job_completion_index_is_the_node_rank_when_pet_node_rank_is_absent(make_plan):
+    env = trainer_env(4, 0)
+    del env["PET_NODE_RANK"]
+    plan = make_plan({**env, "JOB_COMPLETION_INDEX": "3"})
+
+    assert value_of(plan, "--node-rank") == "3"
+    assert plan.wait.connect == (MASTER, 29500)
+
+
+def test_pet_standalone_wins_over_a_master_address(make_plan):
+    plan = make_plan({**trainer_env(1, 0), "PET_STANDALONE": "true"})
+
+    assert plan.mode == "standalone"
+    assert "--master-addr" not in plan.argv
+    assert plan.wait == Wait()
+
+
+def test_max_restarts_is_passed_to_static_rendezvous_only_when_set(make_plan):
+    assert "--max-restarts" not in make_plan(trainer_env(2, 1)).argv
+    assert value_of(make_plan({**trainer_env(2, 1), "PET_MAX_RESTARTS": "3"}), "--max-restarts") == "3"
+
+
+# --- processes per node -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "nproc, facts, expected",
+    [
+        pytest.param("auto", host(gpus=8, quota=32.0, affinity=64), 8, id="auto-with-8-gpus-is-8"),
+        pytest.param("auto", host(gpus=0, quota=3.5, affinity=64), 3, id="auto-without-gpus-is-whole-cpu-quota"),
+        pytest.param("auto", host(gpus=0, quota=None, affinity=6), 6, id="auto-without-quota-is-affinity"),
+        pytest.param("auto", host(gpus=0, quota=0.5, affinity=6), 1, id="auto-with-half-a-cpu-is-1"),
+        pytest.param("cpu", host(gpus=0, quota=6.0, affinity=64), 6, id="cpu-is-the-quota"),
+        pytest.param("cpu", host(gpus=8, quota=6.0, affinity=64), 6, id="cpu-ignores-gpus"),
+        pytest.param("cpu", host(gpus=0, quota=16.0, affinity=4), 4, id="cpu-quota-capped-by-affinity"),
+        pytest.param("gpu", host(gpus=4, quota=2.0), 4, id="gpu-is-the-visible-gpus"),
+        pytest.param("GPU", host(gpus=2), 2, id="words-are-case-insensitive"),
+        pytest.param("3", host(gpus=8), 3, id="a-count-is-taken-as-is"),
+    ],
+)
+def test_nproc_per_node_resolves_to_a_count(make_plan, nproc, facts, expected):
+    plan = make_plan({"PET_NPROC_PER_NODE": nproc}, facts=facts)
+
+    assert plan.nproc_per_node == expected
+    assert value_of(plan, "--nproc-per-node") == str(expected)
+
+
+def test_nproc_gpu_without_a_gpu_is_a_config_error_naming_the_variable(make_plan):
+    with pytest.raises(ConfigError) as error:
+        make_plan({"PET_NPROC_PER_NODE": "gpu"}, facts=host(gpus=0))
+    assert error.value.name == "PET_NPROC_PER_NODE"
+    assert error.value.value == "gpu"
+
+
+@pytest.mark.parametrize(
+    "requested, facts, count",
+    [
+        (4, host(gpus=8), 4),
+        ("auto", host(gpus=2, quota=1.0), 2),
+        ("auto", host(gpus=0, quota=2.5), 2),
+        ("cpu", host(gpus=8, quota=None, affinity=12), 12),
+        ("gpu", host(gpus=1), 1),
+    ],
+)
+def test_resolve_nproc(requested, facts, count):
+    assert resolve_nproc(requested, facts, "PET_NPROC_PER_NODE")[0] == count
+
+
+def test_resolve_nproc_says_where_the_count_came_from():
+    assert resolve_nproc("auto", host(gpus=8), "PET_NPROC_PER_NODE")[1] == "PET_NPROC_PER_NODE=auto: 8 visible GPUs"
+    assert "CPU quota 3.5" in resolve_nproc("cpu", host(quota=3.5), "--nproc-per-node")[1]
+    assert resolve_nproc(1, host(), "nproc_per_node")[1] == "default"
+
+
+# --- OMP_NUM_THREADS ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "nproc, facts, threads",
+    [
+        pytest.param("4", host(quota=16.0, affinity=64), "4", id="16-cpus-4-procs-get-4-threads"),
+        pytest.param("2", host(quota=3.5, affinity=64), "1", id="3.5-cpus-2-procs-get-1-thread"),
+        pytest.param("1", host(quota=3.5, affinity=64), "3", id="3.5-cpus-1-proc-gets-3-threads"),
+        pytest.param("8", host(quota=4.0, affinity=64), "1", id="more-procs-than-cpus-still-1-thread"),
+        pytest.param("2", host(quota=None, affinity=12), "6", id="no-quota-uses-affinity"),
+        pytest.param("auto", host(gpus=8, quota=64.0, affinity=96), "8", id="8-gpus-64-cpus-get-8-threads"),
+    ],
+)
+def test_each_rank_gets_its_share_of_the_cpus_as_omp_threads(make_plan, nproc, facts, threads):
+    plan = make_plan({"PET_NPROC_PER_NODE": nproc}, facts=facts)
+    assert plan.env_set["OMP_NUM_THREADS"] == threads
+
+
+def test_omp_num_threads_set_by_the_user_is_left_alone(make_plan):
+    plan = make_plan({"PET_NPROC_PER_NODE": "2"}, facts=host(quota=16.0, omp=True))
+    assert "OMP_NUM_THREADS" not in plan.env_set
+
+
+# --- elastic and c10d rendezvous ----------------------------------------------------------------
+
+
+def test_min_max_nodes_is_c10d_on_the_master_with_a_stable_id(make_plan):
+    plan = make_plan(trainer_env("1:4", 1))
+
+    assert plan.mode == "c10d"
+    assert plan.nnodes == "1:4"
+    assert value_of(plan, "--nnodes") == "1:4"
+    assert value_of(plan, "--rdzv-backend") == "c10d"
+    assert value_of(plan, "--rdzv-endpoint") == f"{MASTER}:29500"
+    assert value_of(plan, "--rdzv-id") == "tj"
+    assert value_of(plan, "--max-restarts") == "0"
+    assert "--master-addr" not in plan.argv
+    assert plan.wait == Wait(resolve=MASTER, connect=(MASTER, 29500))
+
+
+def test_the_derived_rdzv_id_is_the_same_on_every_node(make_plan):
+    ids = {value_of(make_plan(trainer_env("2:4", rank)), "--rdzv-id") for rank in range(4)}
+    assert ids == {"tj"}
+
+
+def test_elastic_rank_0_only_waits_for_dns(make_plan):
+    plan = make_plan(trainer_env("1:4", 0))
+    assert plan.wait == Wait(resolve=MASTER, connect=None)
+
+
+def test_elastic_max_restarts_and_rdzv_conf_are_passed_on(make_plan):
+    plan = make_plan({**trainer_env("2:4", 1), "PET_MAX_RESTARTS": "3", "PET_RDZV_CONF": "join_timeout=900"})
+
+    assert value_of(plan, "--max-restarts") == "3"
+    assert value_of(plan, "--rdzv-conf") == "join_timeout=900"
+
+
+def test_c10d_endpoint_without_a_port_uses_the_c10d_default_port(make_plan):
+    plan = make_plan({**trainer_env(2, 1), "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "rdzv-host"})
+
+    assert plan.mode == "c10d"
+    assert value_of(plan, "--rdzv-endpoint") == "rdzv-host"
+    assert plan.wait == Wait(resolve="rdzv-host", connect=("rdzv-host", C10D_DEFAULT_PORT))
+    assert C10D_DEFAULT_PORT == 29400
+
+
+def test_c10d_endpoint_with_a_port_waits_on_that_port(make_plan):
+    plan = make_plan({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_RDZV_BACKEND": "c10d",
+                      "PET_RDZV_ENDPOINT": "rdzv-host:1234"})
+
+    assert plan.wait == Wait(resolve="rdzv-host", connect=("rdzv-host", 1234))
+    assert value_of(plan, "--rdzv-id") == "rdzv-host"  # no master: derived from the endpoint's host
+
+
+def test_pet_rdzv_id_is_honoured(make_plan):
+    plan = make_plan({**trainer_env("1:4", 1), "PET_RDZV_ID": "my-run-7"})
+    assert value_of(plan, "--rdzv-id") == "my-run-7"
+
+
+@pytest.mark.parametrize("master", ["fd00::1", "[fd00::1]"])
+def test_elastic_with_an_ipv6_master_waits_on_the_master_port(make_plan, master):
+    """torchrun reads fd00::1:29500 as host fd00::1, port 29500; the launcher's wait must agree,
+    or every node waits for a DNS name that cannot exist until the rendezvous timeout."""
+    plan = make_plan({**trainer_env("1:4", 1), "PET_MASTER_ADDR": master})
+
+    assert plan.wait == Wait(resolve="fd00::1", connect=("fd00::1", 29500))
+
+
+def test_elastic_without_any_address_is_a_config_error(make_plan):
+    with pytest.raises(ConfigError) as error:
+        make_plan({"PET_NNODES": "1:4"})
+    assert error.value.name == "PET_MASTER_ADDR"
+
+
+def test_node_rank_at_or_above_the_node_count_is_a_config_error(make_plan):
+    with pytest.raises(ConfigError) as error:
+        make_plan(trainer_env(4, 4))
+    assert error.value.name == "PET_NODE_RANK"
+
+
+def test_no_script_is_a_config_error(make_plan):
+    with pytest.raises(ConfigError) as error:
+        make_plan({}, args=("--tee", "3"))
+    assert error.value.name == "SCRIPT"
+
+
+# --- the user's torchrun flags ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("--nproc-per-node", "3", "train.py"), id="dash-separated"),
+        pytest.param(("--nproc_per_node=3", "train.py"), id="underscore-with-equals"),
+        pytest.param(("--nproc_per_node", "3", "train.py"), id="underscore-separate-value"),
+    ],
+)
+def test_a_user_flag_overrides_the_env_and_is_not_duplicated(make_plan, args):
+    plan = make_plan({**trainer_env(2, 1, nproc="8")}, args=args)
+
+    assert value_of(plan, "--nproc-per-node") == "3"
+    assert not any(arg.startswith("--nproc_per_node") for arg in plan.argv)
+    assert plan.sources["nproc_per_node"] == args[0].partition("=")[0]
+
+
+def test_a_user_master_port_overrides_the_env(make_plan):
+    plan = make_plan(trainer_env(2, 1), args=("--master-port=1234", "train.py"))
+
+    assert value_of(plan, "--master-port") == "1234"
+    assert not any(arg.startswith("--master-port=") for arg in plan.argv)
+    assert plan.wait.connect == (MASTER, 1234)
+
+
+def test_a_user_standalone_switch_wins_over_the_trainer_env(make_plan):
+    plan = make_plan(trainer_env(1, 0), args=("--standalone", "train.py"))
+
+    assert plan.mode == "standalone"
+    assert plan.argv.count("--standalone") == 1
+    assert plan.program == ("train.py",)
+
+
+def test_unknown_torchrun_flags_pass_through_verbatim_in_order(make_plan):
+    plan = make_plan({}, args=("--tee", "3", "--log-dir", "/x", "--monitor-interval=1", "train.py", "--lr", "0.1"))
+
+    assert plan.argv[-8:] == ("--tee", "3", "--log-dir", "/x", "--monitor-interval=1", "train.py", "--lr", "0.1")
+    assert plan.program == ("train.py", "--lr", "0.1")
+
+
+@pytest.mark.parametrize(
+    "args, passthrough, program",
+    [
+        pytest.param(("-m", "pkg.train", "--epochs", "2"), ("-m",), ("pkg.train", "--epochs", "2"),
+                     id="module-switch"),
+        pytest.param(("--no-python", "echo", "hi"), ("--no-python",), ("echo", "hi"), id="no-python-switch"),
+        pytest.param(("--tee", "3", "-m", "pkg.train"), ("--tee", "3", "-m"), ("pkg.train",),
+                     id="value-flag-then-switch"),
+        pytest.param(("--tee", "3", "--", "train.py", "--nnodes", "5"), ("--tee", "3"),
+                     ("train.py", "--nnodes", "5"), id="dashdash-separates-script-args"),
+        pytest.param(("train.py", "--nnodes", "5", "--standalone"), (), ("train.py", "--nnodes", "5", "--standalone"),
+                     id="flags-after-the-script-belong-to-the-script"),
+    ],
+)
+def test_split_finds_the_script(args, passthrough, program):
+    run = split_torchrun_args(list(args))
+
+    assert run.passthrough == passthrough
+    assert run.program == program
+    assert run.overrides == {}
+
+
+def test_split_collects_setting_flags_with_their_spelling():
+    run = split_torchrun_args(["--nnodes=2:4", "--node_rank", "1", "--standalone", "--tee", "3", "train.py"])
+
+    assert {name: (o.value, o.source) for name, o in run.overrides.items()} == {
+        "nnodes": ("2:4", "--nnodes"),
+        "node_rank": ("1", "--node_rank"),
+        "standalone": (True, "--standalone"),
+    }
+    assert run.passthrough == ("--tee", "3")
+    assert run.program == ("train.py",)
+
+
+def test_split_rejects_a_value_flag_with_nothing_after_it():
+    with pytest.raises(ConfigError) as error:
+        split_torchrun_args(["--nnodes"])
+    assert error.value.name == "--nnodes"
+
+
+def test_script_args_that_look_like_flags_stay_with_the_script(make_plan):
+    plan = make_plan({}, args=("train.py", "--nnodes", "5", "--nproc-per-node", "7"))
+
+    assert plan.mode == "standalone"
+    assert plan.nproc_per_node == 1
+    assert plan.program == ("train.py", "--nnodes", "5", "--nproc-per-node", "7")
+    assert flags_before_script(plan) == ["--standalone", "--nnodes", "1", "--nproc-per-node", "1"]
+
+
+def test_a_module_is_found_as_the_program(make_plan):
+    plan = make_plan(trainer_env(2, 1), args=("-m", "pkg.train", "--epochs", "2"))
+
+    assert plan.argv[-4:] == ("-m", "pkg.train", "--epochs", "2")
+    assert plan.program == ("pkg.train", "--epochs", "2")
+
+
+# --- what the plan hands to the child -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({}, id="standalone"),
+        pytest.param(trainer_env(4, 2), id="static"),
+        pytest.param(trainer_env("1:4", 1), id="c10d"),
+    ],
+)
+def test_consumed_pet_variables_are_unset_for_torchrun(make_plan, env):
+    plan = make_plan(env)
+    assert set(CONSUMED) <= set(plan.env_unset)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({}, id="standalone"),
+        pytest.param(trainer_env(4, 2), id="static"),
+        pytest.param({**trainer_env("1:4", 1), "PET_RDZV_CONF": "join_timeout=900"}, id="c10d"),
+    ],
+)
+def test_the_plan_is_json(make_plan, env):
+    plan = make_plan(env, args=("--tee", "3", "train.py", "--lr", "0.1"))
+    data = json.loads(json.dumps(plan.to_json()))
+
+    assert data["framework"] == "torch"
+    assert data["mode"] == plan.mode
+    assert data["argv"] == list(plan.argv)
+    assert data["env"] == {"set": plan.env_set, "unset": list(plan.env_unset)}
+    assert data["nprocPerNode"] == plan.nproc_per_node
