@@ -7,7 +7,7 @@ import json
 import sys
 
 from launcher import __version__
-from launcher.knobs import KNOBS
+from launcher.knobs import KNOBS, Override
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,8 +23,6 @@ def _add_knobs(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(namespace: argparse.Namespace) -> dict:
-    from launcher.settings import Override
-
     return {
         name: Override(getattr(namespace, name), knob.flag)
         for name, knob in KNOBS.items()

@@ -6,7 +6,14 @@ validation machinery is imported; launcher.settings validates the values.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+
+class Override(NamedTuple):
+    """A value given on the command line, which wins over the environment."""
+
+    value: Any
+    source: str  # the flag as the user typed it, e.g. "--grace-period" or "--nnodes"
 
 
 class Knob(NamedTuple):

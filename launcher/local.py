@@ -109,7 +109,7 @@ def run_local(
 
 def _job(nnodes: str, nproc: str, trainjob: str, master_port: str | None, isolation: str) -> LocalJob:
     try:
-        count = settings._int_in(1, 64)(nnodes)
+        count = settings.int_in(1, 64)(nnodes)
     except ValueError as error:
         raise ConfigError("--nnodes", nnodes, f"{error} (emulated nodes on this machine)") from None
     try:
@@ -124,7 +124,7 @@ def _job(nnodes: str, nproc: str, trainjob: str, master_port: str | None, isolat
         raise ConfigError("--trainjob", trainjob, "a TrainJob name: lowercase letters, digits and '-', at most 40") from None
     port = _free_port() if master_port is None else master_port
     try:
-        port = settings._int_in(1, 65535, "a port")(port)
+        port = settings.int_in(1, 65535, "a port")(port)
     except ValueError as error:
         raise ConfigError("--master-port", master_port, str(error)) from None
     if isolation == "namespaces" and not _can_isolate():

@@ -10,14 +10,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from dataclasses import dataclass
 from typing import Annotated, Any, Callable
 
 from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from launcher.knobs import KNOBS
+from launcher.knobs import KNOBS, Override
 from launcher.outcome import DEFAULT_RETRYABLE_EXIT_CODES, ConfigError
 
 MAX_NODES = 100_000
@@ -36,7 +35,7 @@ class _Invalid(ValueError):
 # --- value parsers: str -> typed value, or _Invalid("what was expected") ----------------------
 
 
-def _int_in(low: int, high: int, what: str = "an integer") -> Callable[[Any], int]:
+def int_in(low: int, high: int, what: str = "an integer") -> Callable[[Any], int]:
     expected = f"{what} from {low} to {high}"
 
     def parse(raw: Any) -> int:
@@ -80,7 +79,7 @@ def parse_nnodes(raw: Any) -> tuple[int, int]:
     if len(parts) > 2:
         raise _Invalid(expected)
     try:
-        bounds = [_int_in(1, MAX_NODES)(p) for p in parts]
+        bounds = [int_in(1, MAX_NODES)(p) for p in parts]
     except _Invalid:
         raise _Invalid(expected) from None
     low, high = bounds[0], bounds[-1]
@@ -95,7 +94,7 @@ def parse_nproc(raw: Any) -> str | int:
     if text in ("auto", "cpu", "gpu"):
         return text
     try:
-        return _int_in(1, MAX_NPROC)(text)
+        return int_in(1, MAX_NPROC)(text)
     except _Invalid:
         raise _Invalid(f"auto, cpu, gpu or a process count from 1 to {MAX_NPROC}") from None
 
@@ -188,7 +187,7 @@ def parse_exit_codes(raw: Any) -> frozenset[int]:
     if not items:
         raise _Invalid(expected)
     try:
-        return frozenset(_int_in(1, 255)(item) for item in items)
+        return frozenset(int_in(1, 255)(item) for item in items)
     except _Invalid:
         raise _Invalid(expected) from None
 
@@ -263,11 +262,11 @@ class TorchSettings(_Settings):
         "PET_NNODES", (1, 1), "node count, or MIN:MAX for elastic jobs")
     nproc_per_node: Annotated[str | int, NoDecode, _parsed(parse_nproc)] = _field(
         "PET_NPROC_PER_NODE", 1, "processes per node: auto, cpu, gpu or a count")
-    node_rank: Annotated[int, NoDecode, _parsed(_int_in(0, MAX_NODES - 1))] = _field(
+    node_rank: Annotated[int, NoDecode, _parsed(int_in(0, MAX_NODES - 1))] = _field(
         ("PET_NODE_RANK", "JOB_COMPLETION_INDEX"), 0, "this node's rank")
     master_addr: Annotated[str | None, NoDecode, _parsed(parse_host)] = _field(
         "PET_MASTER_ADDR", None, "the rank-0 node's address")
-    master_port: Annotated[int, NoDecode, _parsed(_int_in(1, 65535, "a port"))] = _field(
+    master_port: Annotated[int, NoDecode, _parsed(int_in(1, 65535, "a port"))] = _field(
         "PET_MASTER_PORT", 29500, "the rank-0 node's port")
     rdzv_backend: Annotated[str | None, NoDecode, _parsed(_backend)] = _field(
         "PET_RDZV_BACKEND", None, "rendezvous backend")
@@ -277,7 +276,7 @@ class TorchSettings(_Settings):
         "PET_RDZV_ID", None, "rendezvous id shared by all nodes of the job")
     rdzv_conf: Annotated[str | None, NoDecode, _parsed(parse_rdzv_conf)] = _field(
         "PET_RDZV_CONF", None, "rendezvous KEY=VALUE,... settings")
-    max_restarts: Annotated[int | None, NoDecode, _parsed(_int_in(0, 10_000))] = _field(
+    max_restarts: Annotated[int | None, NoDecode, _parsed(int_in(0, 10_000))] = _field(
         "PET_MAX_RESTARTS", None, "worker group restarts before failing")
     standalone: Annotated[bool, NoDecode, _parsed(parse_bool)] = _field(
         "PET_STANDALONE", False, "single-node job with a private rendezvous")
@@ -297,14 +296,6 @@ class HostEnv(_Settings):
 
 
 # --- loading ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Override:
-    """A value given on the command line, which wins over the environment."""
-
-    value: Any
-    source: str  # the flag as the user typed it, e.g. "--nnodes"
 
 
 def source_of(model: type[_Settings], name: str, overrides: dict[str, Override] | None = None) -> str | None:

@@ -113,11 +113,15 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._saved: dict[int, object] = {}
+        self._psutil = None
         self._saved_wakeup = -1
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     def __enter__(self) -> Supervisor:
+        import psutil  # now, while children start, not on the exit path
+
+        self._psutil = psutil
         set_child_subreaper()
         for sig in (*TERMINATING, *FORWARDED_ONLY, signal.SIGCHLD):
             self._saved[sig] = signal.signal(sig, _note_signal)
@@ -273,8 +277,7 @@ class Supervisor:
 
     def _descendants(self) -> list[int]:
         """Live processes below us (zombies excluded: the next reap takes them)."""
-        import psutil
-
+        psutil = self._psutil
         try:
             found = psutil.Process().children(recursive=True)
         except psutil.Error:

@@ -118,4 +118,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # Nothing is left to do once torchrun has returned and the report is written: skip the
+    # interpreter's (and torch's) finalisation, which would only delay the launcher's exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

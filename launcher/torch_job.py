@@ -1,4 +1,8 @@
-"""``trainer-launcher torch``: settings -> plan -> wait -> supervised torchrun -> outcome."""
+"""``trainer-launcher torch``: settings -> plan -> wait -> supervised torchrun -> outcome.
+
+The torch agent is spawned before anything heavy is imported here (pydantic included), so its
+``import torch`` runs while this process validates, plans and waits for the master.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,29 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
-from launcher import log, netwait, settings
-from launcher.devices import HostFacts, probe_host
 from launcher.outcome import (
-    ConfigError, LauncherError, Outcome, RootCause, TRANSIENT, classify, evidence_regex, success, terminated,
+    TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex, success, terminated,
 )
-from launcher.report import deliver
-from launcher.settings import HostEnv, LauncherSettings, Override, TorchSettings
 from launcher.supervisor import Child, Interrupted, Supervisor
-from launcher.torch_plan import TorchPlan, plan_torch, split_torchrun_args
+
+if TYPE_CHECKING:
+    from launcher.devices import HostFacts
+    from launcher.settings import LauncherSettings, Override
+    from launcher.torch_plan import TorchPlan
 
 # torchrun exceptions that mean the network or the other nodes, not the program.
 _RENDEZVOUS_ERRORS = ("Rendezvous", "DistStoreError", "DistNetworkError", "TimeoutError", "ConnectionError", "gaierror")
 
 
 def make_plan(rest: list[str], require_program: bool = True) -> tuple[TorchPlan, HostFacts]:
+    """Read and validate the environment and the torchrun flags after ``--``; plan the run."""
+    from launcher import settings
+    from launcher.devices import probe_host
+    from launcher.settings import HostEnv, TorchSettings
+    from launcher.torch_plan import plan_torch, split_torchrun_args
+
     run = split_torchrun_args(rest)
     torch = settings.load(TorchSettings, run.overrides)
     sources = {
@@ -51,6 +62,10 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
                 pass_fds=(control_r,),
             )
             os.close(control_r)
+            from launcher import log, settings
+            from launcher.report import deliver
+            from launcher.settings import LauncherSettings
+
             try:
                 launcher = settings.load(LauncherSettings, launcher_overrides)
                 termination_log = launcher.termination_log
@@ -81,6 +96,8 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
             outcome = torch_outcome(supervisor, agent, report, launcher.retryable_exit_codes, host.hostname)
             return deliver(outcome, termination_log)
         except LauncherError as error:
+            from launcher.report import deliver
+
             return deliver(error.outcome(), termination_log)
         finally:
             if control_w != -1:
@@ -94,6 +111,8 @@ def _summary(plan: TorchPlan) -> str:
 
 
 def _wait(plan: TorchPlan, launcher: LauncherSettings, supervisor: Supervisor) -> None:
+    from launcher import log, netwait
+
     deadline = time.monotonic() + launcher.rendezvous_timeout
     if plan.wait.resolve:
         netwait.wait_until_resolves(plan.wait.resolve, deadline, supervisor.sleep, log.info)
