@@ -9,11 +9,12 @@ from __future__ import annotations
 import random
 import socket
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from launcher.outcome import WaitTimeout
 
 Sleep = Callable[[float], None]
+T = TypeVar("T")
 
 
 def _backoff(attempt: int) -> float:
@@ -21,38 +22,37 @@ def _backoff(attempt: int) -> float:
     return min(2.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.0)
 
 
-def wait_until_resolves(name: str, deadline: float, sleep: Sleep = time.sleep, log=None) -> list[str]:
-    """Addresses of ``name`` once it resolves; WaitTimeout naming it at ``deadline`` (monotonic)."""
-    attempt = 0
-    last_error = ""
+def _until(attempt: Callable[[], T], waiting: str, failed: str, deadline: float, sleep: Sleep, log) -> T:
+    """Call ``attempt`` until it returns; log once while waiting; WaitTimeout at ``deadline``."""
+    tries = 0
     while True:
         try:
-            infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
-            return sorted({info[4][0] for info in infos})
-        except (socket.gaierror, UnicodeError) as error:
-            last_error = str(error)
-        if attempt == 0 and log:
-            log(f"waiting for {name} to resolve ({last_error})")
+            return attempt()
+        except (OSError, UnicodeError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+        if tries == 0 and log:
+            log(f"waiting for {waiting} ({reason})")
         if time.monotonic() >= deadline:
-            raise WaitTimeout(f"the name {name} never resolved ({last_error})")
-        sleep(min(_backoff(attempt), max(0.0, deadline - time.monotonic())))
-        attempt += 1
+            raise WaitTimeout(f"{failed} ({reason})")
+        sleep(min(_backoff(tries), max(0.0, deadline - time.monotonic())))
+        tries += 1
+
+
+def wait_until_resolves(name: str, deadline: float, sleep: Sleep = time.sleep, log=None) -> list[str]:
+    """Addresses of ``name`` once it resolves; WaitTimeout naming it at ``deadline`` (monotonic)."""
+
+    def resolve() -> list[str]:
+        return sorted({info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)})
+
+    return _until(resolve, f"{name} to resolve", f"the name {name} never resolved", deadline, sleep, log)
 
 
 def wait_until_accepts(host: str, port: int, deadline: float, sleep: Sleep = time.sleep, log=None) -> None:
     """Return once ``host:port`` accepts a TCP connection; WaitTimeout naming it at ``deadline``."""
-    attempt = 0
-    last_error = ""
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(2.0, remaining))):
-                return
-        except OSError as error:
-            last_error = error.strerror or str(error)
-        if attempt == 0 and log:
-            log(f"waiting for {host}:{port} to accept connections ({last_error})")
-        if time.monotonic() >= deadline:
-            raise WaitTimeout(f"{host}:{port} never accepted a connection ({last_error})")
-        sleep(min(_backoff(attempt), max(0.0, deadline - time.monotonic())))
-        attempt += 1
+
+    def connect() -> None:
+        timeout = max(0.1, min(2.0, deadline - time.monotonic()))
+        socket.create_connection((host, port), timeout=timeout).close()
+
+    _until(connect, f"{host}:{port} to accept connections", f"{host}:{port} never accepted a connection",
+           deadline, sleep, log)

@@ -82,8 +82,8 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
                 os.write(control_w, json.dumps(
                     {"args": [*plan.torchrun_args, *plan.program], "env": plan.env_set, "unset": list(plan.env_unset)}
                 ).encode())
-            except Interrupted:
-                pass  # a signal or the agent's early exit: the supervisor already knows
+            except (Interrupted, BrokenPipeError):
+                pass  # a signal, or the agent exited early: the supervisor already knows
             except LauncherError as error:
                 supervisor.kill_all()
                 supervisor.run()

@@ -142,9 +142,14 @@ def _name(sources: dict[str, str], field_name: str, env: str) -> str:
 
 def _stable_rdzv_id(master_addr: str) -> str:
     """Trainer's master is ``<trainjob>-node-0-0.<trainjob>``: the TrainJob name is the part after
-    the first dot, the same on every node and every restart of the job."""
-    head, _, rest = master_addr.partition(".")
-    name = rest.split(".")[0] if rest else head
+    the first dot, the same on every node and every restart of the job. An IP address is used
+    whole."""
+    bare = master_addr.strip("[]")
+    if bare.replace(".", "").isdigit() or ":" in bare:
+        name = bare.replace(":", "-")
+    else:
+        head, _, rest = bare.partition(".")
+        name = rest.split(".")[0] if rest else head
     cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.")
     return cleaned[:128] or "trainer-launcher"
 
@@ -194,8 +199,9 @@ def plan_torch(
         rdzv_port = rdzv_port or C10D_DEFAULT_PORT
         rdzv_id = torch.rdzv_id or _stable_rdzv_id(rdzv_host if torch.master_addr is None else torch.master_addr)
         shown["rdzv_id"] = _name(sources, "rdzv_id", "derived from the master address (the TrainJob name)")
+        # No --node-rank: the rendezvous assigns ranks (torchrun warns that it ignores it).
         args = [
-            "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--node-rank", str(torch.node_rank),
+            "--nnodes", nnodes, "--nproc-per-node", str(nproc),
             "--rdzv-backend", mode, "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id,
         ]
         if torch.rdzv_conf:

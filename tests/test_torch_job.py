@@ -43,6 +43,16 @@ def test_two_torch_nodes_with_hand_made_pet_env_form_one_four_rank_world(tmp_pat
     assert "static rendezvous, node 1 of 2" in nodes[0].stderr
 
 
+def test_two_nodes_with_c10d_rendezvous_asked_for_by_env_form_one_world(tmp_path, report_dir):
+    port = free_port()
+    nodes = [start_node(tmp_path, report_dir, rank, 2, port, PET_RDZV_BACKEND="c10d") for rank in (1, 0)]
+    assert [node.wait() for node in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
+    reports = rank_reports(report_dir)
+    assert sorted(reports) == [0, 1, 2, 3]
+    assert {r["allreduce"] for r in reports.values()} == {10.0}
+    assert "c10d rendezvous" in nodes[0].stderr
+
+
 def test_local_emulates_a_two_node_trainjob_with_prefixed_output(tmp_path, report_dir):
     job = Job(launcher("local", "--nnodes", "2", "--nproc-per-node", "2", "--", RANKS),
               clean_env(REPORT_DIR=str(report_dir)), tmp_path)

@@ -220,7 +220,13 @@ def test_min_max_nodes_is_c10d_on_the_master_with_a_stable_id(make_plan):
     assert value_of(plan, "--rdzv-id") == "tj"
     assert value_of(plan, "--max-restarts") == "0"
     assert "--master-addr" not in plan.argv
+    assert "--node-rank" not in plan.argv  # the rendezvous assigns node ranks
     assert plan.wait == Wait(resolve=MASTER, connect=(MASTER, 29500))
+
+
+def test_an_ip_master_address_is_the_rdzv_id_whole(make_plan):
+    env = {**trainer_env(2, 1), "PET_MASTER_ADDR": "10.0.0.7", "PET_RDZV_BACKEND": "c10d"}
+    assert value_of(make_plan(env), "--rdzv-id") == "10.0.0.7"
 
 
 def test_the_derived_rdzv_id_is_the_same_on_every_node(make_plan):
