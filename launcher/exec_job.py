@@ -5,7 +5,9 @@ from __future__ import annotations
 import socket
 
 from launcher import log, settings
-from launcher.outcome import ConfigError, LauncherError, RootCause, classify, success, terminated
+from launcher.outcome import (
+    ConfigError, LauncherError, RootCause, classify, evidence_regex, signal_name, success, terminated,
+)
 from launcher.report import deliver
 from launcher.settings import HostEnv, LauncherSettings, Override
 from launcher.supervisor import Supervisor
@@ -20,8 +22,6 @@ def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int
         if not command:
             raise ConfigError("CMD", None, "a command after the options: trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
         host = settings.load(HostEnv)
-        from launcher.outcome import evidence_regex
-
         with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
             child = supervisor.spawn(command[0], command)
             supervisor.run()
@@ -33,7 +33,7 @@ def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int
             outcome = success()
         else:
             cause = RootCause(node=node, rank=rank, exit_code=child.returncode if child.returncode > 0 else None,
-                              signal=None if child.returncode >= 0 else _signal_name(child.returncode))
+                              signal=None if child.returncode >= 0 else signal_name(-child.returncode))
             outcome = classify(child.returncode, retryable_codes=launcher.retryable_exit_codes,
                                evidence=child.evidence, root_cause=cause, what=f"{command[0]} on {node}")
             if child.tail:
@@ -41,9 +41,3 @@ def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int
         return deliver(outcome, termination_log)
     except LauncherError as error:
         return deliver(error.outcome(), termination_log)
-
-
-def _signal_name(returncode: int) -> str:
-    from launcher.outcome import signal_name
-
-    return signal_name(-returncode)

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from launcher.outcome import (
-    TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex, success, terminated,
+    CONFIG_ERROR, TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex, success, terminated,
 )
 from launcher.supervisor import Child, Interrupted, Supervisor
 
@@ -128,9 +128,8 @@ def _read_report(path: str) -> dict:
         return {}
 
 
-def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, retryable: frozenset[int], node: str) -> Outcome:
-    """Turn what the agent reported into a row of the exit-code table."""
-    codes = retryable
+def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str) -> Outcome:
+    """Turn what the agent reported into a row of the exit-code table (``codes``: the retryable set)."""
     failed_first = supervisor.first_failure is agent
     if supervisor.received_signal is not None and not failed_first:
         if agent.returncode == 0:
@@ -151,13 +150,13 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, retryable:
         failed = [f["rank"] for f in report["failures"]]
         return outcome.with_extra(failedRanks=failed, **tail)
     if "error" in report:
-        return Outcome(2, False, "ConfigError", report["error"], RootCause(node=node))
+        return Outcome(CONFIG_ERROR, False, "ConfigError", report["error"], RootCause(node=node))
     if "agentError" in report:
         message = f"torchrun on {node} failed: {report['agentError']}"
         if any(marker in report.get("type", "") or marker in report["agentError"] for marker in _RENDEZVOUS_ERRORS):
             return Outcome(TRANSIENT, True, "RendezvousFailed", message, RootCause(node=node), agent.evidence, tail)
         if report.get("exitCode"):
-            return Outcome(2, False, "ConfigError", message, RootCause(node=node))
+            return Outcome(CONFIG_ERROR, False, "ConfigError", message, RootCause(node=node))
     return classify(agent.returncode, retryable_codes=codes, evidence=agent.evidence,
                     root_cause=RootCause(node=node), what=f"torchrun on {node}").with_extra(**tail)
 

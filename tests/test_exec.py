@@ -86,3 +86,13 @@ def test_secrets_never_reach_the_termination_message_or_the_launchers_own_lines(
     assert job.process.returncode == 4
     assert token not in job.termination_log.read_text()
     assert token not in "".join(line for line in job.stderr.splitlines() if line.startswith("trainer-launcher"))
+
+
+def test_json_log_format_gives_one_json_object_per_launcher_line(tmp_path):
+    import json
+
+    job = run(tmp_path, "sh", "-c", "exit 9", options=("--log-format", "json"))
+    assert job.process.returncode == 9
+    records = [json.loads(line) for line in job.stderr.splitlines()]
+    assert records[-1]["level"] == "error"
+    assert records[-1]["exitCode"] == 9 and records[-1]["retryable"] is False
