@@ -7,7 +7,7 @@ import json
 import sys
 
 from launcher import __version__
-from launcher.knobs import KNOBS, Override
+from launcher.knobs import KNOBS, MPI_KNOBS, Override
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,11 +22,17 @@ def _add_knobs(parser: argparse.ArgumentParser) -> None:
         group.add_argument(knob.flag, dest=name, metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
 
 
-def _overrides(namespace: argparse.Namespace) -> dict:
+def _add_mpi_knobs(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("MPI options (each also a LAUNCHER_* variable; flags win)")
+    for name, knob in MPI_KNOBS.items():
+        group.add_argument(knob.flag, dest=f"mpi_{name}", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+
+
+def _overrides(namespace: argparse.Namespace, knobs: dict = KNOBS, prefix: str = "") -> dict:
     return {
-        name: Override(getattr(namespace, name), knob.flag)
-        for name, knob in KNOBS.items()
-        if getattr(namespace, name, None) is not None
+        name: Override(getattr(namespace, prefix + name), knob.flag)
+        for name, knob in knobs.items()
+        if getattr(namespace, prefix + name, None) is not None
     }
 
 
@@ -42,8 +48,16 @@ def _parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="print what would run, as JSON; no side effects",
                                usage="trainer-launcher plan [--framework torch] [OPTIONS] [-- [TORCHRUN FLAGS] [SCRIPT ...]]")
-    plan.add_argument("--framework", choices=["torch"], default="torch")
+    plan.add_argument("--framework", choices=["torch", "mpi"], default="torch")
     _add_knobs(plan)
+    _add_mpi_knobs(plan)
+
+    mpi = commands.add_parser("mpi", help="MPI launcher role (mpirun from the Trainer hostfile), or --worker (sshd)",
+                              usage="trainer-launcher mpi [OPTIONS] -- [MPIRUN FLAGS] PROGRAM [ARGS...]\n"
+                                    "       trainer-launcher mpi --worker [OPTIONS]")
+    mpi.add_argument("--worker", action="store_true", help="run the worker role: sshd on the ssh port with the mounted keys")
+    _add_knobs(mpi)
+    _add_mpi_knobs(mpi)
 
     run = commands.add_parser("exec", help="run any command with the same supervision and exit codes",
                               usage="trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
@@ -57,8 +71,15 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--master-port", default=None, help="the master port (default: a free port)")
     local.add_argument("--isolation", choices=["auto", "namespaces", "none"], default="auto",
                        help="per-node hostname and /etc/hosts in namespaces (auto: when root)")
+    local.add_argument("--mpi", choices=["openmpi", "intel", "mpich"], default=None,
+                       help="emulate an MPI TrainJob (workers with sshd, a launcher pod) instead of torch; needs root")
+    local.add_argument("--user", default="mpiuser", help="with --mpi: the unprivileged user sshd and mpirun run as")
     _add_knobs(local)
+    _add_mpi_knobs(local)
     return parser
+
+
+_SWITCHES = ("-h", "--help", "--version", "--worker")
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -69,7 +90,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
         return argv[:at], argv[at + 1:]
     i = 1
     while i < len(argv) and argv[i].startswith("-"):
-        takes_value = argv[i] not in ("-h", "--help", "--version") and "=" not in argv[i]
+        takes_value = argv[i] not in _SWITCHES and "=" not in argv[i]
         i += 2 if takes_value else 1
     return argv[:i], argv[i:]
 
@@ -87,11 +108,38 @@ def main(argv: list[str] | None = None) -> int:
         from launcher.exec_job import run_exec
 
         return run_exec(overrides, rest)
+    if args.command == "mpi":
+        from launcher import mpi_job
+
+        mpi_overrides = _overrides(args, MPI_KNOBS, "mpi_")
+        if args.worker:
+            return mpi_job.run_worker(overrides, mpi_overrides)
+        return mpi_job.run_mpi(overrides, mpi_overrides, rest)
+    if args.command == "local" and args.mpi:
+        from launcher.local_mpi import run_local_mpi
+
+        return run_local_mpi(overrides, _overrides(args, MPI_KNOBS, "mpi_"), rest, args.mpi, args.nnodes,
+                             args.nproc_per_node, args.trainjob, args.user)
     if args.command == "local":
         from launcher.local import run_local
 
         return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation)
+    if args.framework == "mpi":
+        return _plan_mpi(overrides, _overrides(args, MPI_KNOBS, "mpi_"), rest)
     return _plan(overrides, rest)
+
+
+def _plan_mpi(overrides: dict, mpi_overrides: dict, rest: list[str]) -> int:
+    from launcher.mpi_job import make_plan
+    from launcher.outcome import LauncherError
+    from launcher.report import deliver
+
+    try:
+        _, _, plan = make_plan(overrides, mpi_overrides, rest or ["PROGRAM"])
+    except LauncherError as error:
+        return deliver(error.outcome(), None)
+    print(json.dumps(plan.to_json(), indent=2))
+    return 0
 
 
 def _plan(overrides: dict, rest: list[str]) -> int:

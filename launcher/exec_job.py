@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import socket
+from typing import Callable
 
 from launcher import log, settings
 from launcher.outcome import (
-    ConfigError, LauncherError, RootCause, classify, evidence_regex, signal_name, success, terminated,
+    ConfigError, LauncherError, Outcome, RootCause, classify, evidence_regex, signal_name, success, terminated,
 )
 from launcher.report import deliver
 from launcher.settings import HostEnv, LauncherSettings, Override
-from launcher.supervisor import Supervisor
+from launcher.supervisor import Child, Supervisor
 
 
 def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int:
@@ -21,23 +22,41 @@ def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int
         log.configure(launcher.log_format)
         if not command:
             raise ConfigError("CMD", None, "a command after the options: trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
-        host = settings.load(HostEnv)
-        with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
-            child = supervisor.spawn(command[0], command)
-            supervisor.run()
-        node = host.hostname or socket.gethostname()
-        rank = int(host.rank) if host.rank and host.rank.isdigit() else None
-        if supervisor.received_signal is not None and supervisor.first_failure is None:
-            outcome = success() if child.returncode == 0 else terminated(supervisor.received_signal, launcher.retryable_exit_codes)
-        elif child.returncode == 0:
-            outcome = success()
-        else:
-            cause = RootCause(node=node, rank=rank, exit_code=child.returncode if child.returncode > 0 else None,
-                              signal=None if child.returncode >= 0 else signal_name(-child.returncode))
-            outcome = classify(child.returncode, retryable_codes=launcher.retryable_exit_codes,
-                               evidence=child.evidence, root_cause=cause, what=f"{command[0]} on {node}")
-            if child.tail:
-                outcome = outcome.with_extra(lastLines=list(child.tail)[-5:])
-        return deliver(outcome, termination_log)
+        return deliver(supervise(launcher, command), termination_log)
     except LauncherError as error:
         return deliver(error.outcome(), termination_log)
+
+
+RootCauseFinder = Callable[[Child, RootCause], RootCause]
+
+
+def supervise(
+    launcher: LauncherSettings,
+    command: list[str],
+    env: dict[str, str] | None = None,
+    find_root_cause: RootCauseFinder | None = None,
+) -> Outcome:
+    """Run ``command`` under the supervisor and classify how it ended. ``find_root_cause`` may
+    refine the root cause from the command's output (mpirun names the rank that failed)."""
+    host = settings.load(HostEnv)
+    node = host.hostname or socket.gethostname()
+    with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
+        child = supervisor.spawn(command[0], command, env)
+        supervisor.run()
+    if supervisor.received_signal is not None and supervisor.first_failure is None:
+        if child.returncode == 0:
+            return success()
+        return terminated(supervisor.received_signal, launcher.retryable_exit_codes).on_node(node)
+    if child.returncode == 0:
+        return success()
+    rank = int(host.rank) if host.rank and host.rank.isdigit() else None
+    cause = RootCause(node=node, rank=rank, exit_code=child.returncode if child.returncode > 0 else None,
+                      signal=None if child.returncode >= 0 else signal_name(-child.returncode))
+    what = f"{command[0]} on {node}"
+    if find_root_cause is not None:
+        cause = find_root_cause(child, cause)
+        if cause.rank is not None and cause.rank != rank:
+            what = f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
+    outcome = classify(child.returncode, retryable_codes=launcher.retryable_exit_codes,
+                       evidence=child.evidence, root_cause=cause, what=what)
+    return outcome.with_extra(lastLines=list(child.tail)[-5:]) if child.tail else outcome

@@ -56,3 +56,39 @@ def wait_until_accepts(host: str, port: int, deadline: float, sleep: Sleep = tim
 
     _until(connect, f"{host}:{port} to accept connections", f"{host}:{port} never accepted a connection",
            deadline, sleep, log)
+
+
+def _knock(host: str, port: int, timeout: float) -> None:
+    """Connect and, if the server speaks first (sshd's banner), answer with an identification line
+    before closing, so sshd does not log every probe as a failed key exchange."""
+    with socket.create_connection((host, port), timeout=timeout) as connection:
+        connection.settimeout(min(timeout, 0.5))
+        try:
+            if connection.recv(256).startswith(b"SSH-"):
+                connection.sendall(b"SSH-2.0-trainer-launcher-probe\r\n")
+        except OSError:
+            pass  # a server that waits for us to speak first is up all the same
+
+
+def wait_until_hosts_accept(hosts: tuple[str, ...], port: int, deadline: float, sleep: Sleep = time.sleep, log=None) -> None:
+    """Every host resolves and accepts TCP on ``port``; WaitTimeout naming those that never did."""
+    pending = list(hosts)
+    tries = 0
+    reasons: dict[str, str] = {}
+    while pending:
+        for host in list(pending):
+            try:
+                _knock(host, port, max(0.1, min(2.0, deadline - time.monotonic())))
+                pending.remove(host)
+            except (OSError, UnicodeError) as error:
+                reasons[host] = getattr(error, "strerror", None) or str(error)
+        if not pending:
+            return
+        if tries == 0 and log:
+            log(f"waiting for {len(pending)} of {len(hosts)} hosts to accept ssh on port {port}: "
+                + ", ".join(f"{h} ({reasons[h]})" for h in pending[:5]))
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"{len(pending)} of {len(hosts)} hosts never accepted ssh on port {port}: "
+                              + ", ".join(f"{h} ({reasons[h]})" for h in pending[:20]))
+        sleep(min(_backoff(tries), max(0.0, deadline - time.monotonic())))
+        tries += 1

@@ -16,7 +16,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from launcher.knobs import KNOBS, Override
+from launcher.knobs import KNOBS, MPI_KNOBS, Override
 from launcher.outcome import DEFAULT_RETRYABLE_EXIT_CODES, ConfigError
 
 MAX_NODES = 100_000
@@ -280,6 +280,38 @@ class TorchSettings(_Settings):
         "PET_MAX_RESTARTS", None, "worker group restarts before failing")
     standalone: Annotated[bool, NoDecode, _parsed(parse_bool)] = _field(
         "PET_STANDALONE", False, "single-node job with a private rendezvous")
+
+
+def _mpi_knob(name: str, default: Any, *also: str) -> Any:
+    knob = MPI_KNOBS[name]
+    return _field((knob.env, *also), default, knob.help, flag=knob.flag)
+
+
+def parse_globs(raw: Any) -> tuple[str, ...]:
+    items = tuple(item.strip() for item in str(raw).split(",") if item.strip())
+    if not items or any(not re.fullmatch(r"[A-Za-z0-9_*?\[\]!-]+", item) for item in items):
+        raise _Invalid("comma-separated variable names or globs, e.g. NCCL_*,MY_FLAG")
+    return items
+
+
+class MpiSettings(_Settings):
+    """The MPI launcher's and worker's knobs, and the variables Trainer's MPI policy sets."""
+
+    hostfile: str = _mpi_knob(
+        "hostfile", "/etc/mpi/hostfile",
+        "OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile", "I_MPI_HYDRA_HOST_FILE", "HYDRA_HOST_FILE")
+    default_slots: Annotated[int | None, NoDecode, _parsed(int_in(1, 4096, "a slot count"))] = _mpi_knob(
+        "default_slots", None, "OMPI_MCA_orte_set_default_slots", "PRTE_MCA_prte_set_default_slots")
+    implementation: Annotated[str, NoDecode, _parsed(parse_choice("auto", "openmpi", "intel", "mpich"))] = _mpi_knob(
+        "implementation", "auto")
+    mpirun: str | None = _mpi_knob("mpirun", None)
+    ssh_port: Annotated[int, NoDecode, _parsed(int_in(1, 65535, "a port"))] = _mpi_knob("ssh_port", 2222)
+    ssh_auth_mount_path: str = _mpi_knob("ssh_auth_mount_path", os.path.expanduser("~/.ssh"))
+    ssh_dir: str = _mpi_knob("ssh_dir", os.path.expanduser("~/.trainer-launcher/ssh"))
+    ssh_listen_address: Annotated[str | None, NoDecode, _parsed(parse_host)] = _mpi_knob("ssh_listen_address", None)
+    export: Annotated[tuple[str, ...], NoDecode, _parsed(parse_globs)] = _mpi_knob("export", ("*",))
+    export_deny: Annotated[tuple[str, ...], NoDecode, _parsed(parse_globs)] = _mpi_knob("export_deny", ())
+    abort_on_exception: Annotated[bool, NoDecode, _parsed(parse_bool)] = _mpi_knob("abort_on_exception", True)
 
 
 class HostEnv(_Settings):

@@ -28,7 +28,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
-TAIL_LINES = 20
+TAIL_LINES = 50  # enough for an MPI's abort banner
 LINE_LIMIT = 64 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -60,6 +60,7 @@ class Child:
     exited_at: float | None = None
     after_teardown: bool = False  # exited after we began tearing the job down
     evidence: str | None = None  # first output line showing a node/network fault
+    primary: bool = False  # its exit, success or not, ends the job (daemons like sshd are not)
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
 
@@ -148,8 +149,10 @@ class Supervisor:
         env: dict[str, str] | None = None,
         pass_fds: tuple[int, ...] = (),
         transform: Callable[[str], str] | None = None,
+        primary: bool = False,
     ) -> Child:
-        """Start ``argv`` in its own process group, dying with us, its output relayed."""
+        """Start ``argv`` in its own process group, dying with us, its output relayed. When a
+        ``primary`` child exits, everything else is torn down."""
         parent = os.getpid()
 
         def in_child() -> None:
@@ -172,7 +175,7 @@ class Supervisor:
             raise SpawnError(f"{argv[0]}: command not found") from None
         except PermissionError:
             raise SpawnError(f"{argv[0]}: permission denied", 126) from None
-        child = Child(name=name, pid=popen.pid, popen=popen)
+        child = Child(name=name, pid=popen.pid, popen=popen, primary=primary)
         self.children.append(child)
         self._by_pid[popen.pid] = child
         for pipe, target in ((popen.stdout, 1), (popen.stderr, 2)):
@@ -311,6 +314,8 @@ class Supervisor:
             self.exits.append(child)
             if child.returncode != 0 and self.first_failure is None and not child.after_teardown:
                 self.first_failure = child
+                self.begin_teardown()
+            elif child.primary:
                 self.begin_teardown()
 
     def _scan(self, child: Child, text: str) -> None:

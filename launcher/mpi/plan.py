@@ -1,0 +1,231 @@
+"""Settings + hostfile + implementation -> the mpirun command, its environment and files. Pure."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from dataclasses import dataclass, field
+
+from launcher.mpi.detect import MpiImpl
+from launcher.mpi.hostfile import Host, render, uniform_slots
+
+# Host-specific or launcher-internal variables: exporting them would give every rank the
+# launcher's identity, or confuse the MPI's own wiring.
+EXPORT_DENY = (
+    "HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "USER", "LOGNAME", "SHELL", "TERM", "_",
+    "SSH_*", "*_VISIBLE_DEVICES", "OMPI_*", "PRTE_*", "PMIX_*", "PMI_*", "HYDRA_*", "I_MPI_HYDRA_*",
+    "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "LAUNCHER_*", "JOB_COMPLETION_INDEX", "TMPDIR",
+)
+# mpirun options that take a value (two for the MCA-style ones); anything else is a switch.
+_ONE_VALUE = {
+    "-n", "--n", "-np", "--np", "-N", "-c", "-ppn", "--ppn", "-perhost", "--map-by", "--rank-by", "--bind-to",
+    "-x", "-H", "--host", "-host", "-hosts", "--hostfile", "-hostfile", "-f", "--machinefile",
+    "-machinefile", "-wdir", "--wdir", "-genvlist", "-envlist", "-launcher", "-launcher-exec",
+    "-bootstrap", "-bootstrap-exec", "--prefix", "-iface", "--output", "--timeout",
+}
+_TWO_VALUES = {"--mca", "-mca", "--prtemca", "--pmixmca", "--gmca", "-genv", "-env"}
+_RANK_COUNT = {"-n", "--n", "-np", "--np", "-c"}
+_PER_HOST = {"-ppn", "--ppn", "-perhost"}
+_HOSTFILE = {"-f", "--hostfile", "-hostfile", "--machinefile", "-machinefile"}
+_PYTHON = re.compile(r"^python[0-9.]*$")
+
+
+@dataclass(frozen=True)
+class MpiFacts:
+    """What the side-effect layer found on this host."""
+
+    is_root: bool
+    hostname: str
+    python: str  # the interpreter for a bare script.py
+    has_mpi4py: bool
+    program_path: str | None = None  # the program's first word, as found on the launcher's PATH
+
+
+@dataclass(frozen=True)
+class MpiPlan:
+    impl: MpiImpl
+    hosts: tuple[Host, ...]
+    ranks: int | None  # None: the user passed -n/-np
+    hostfile_path: str
+    hostfile_text: str
+    ssh_config_path: str
+    ssh_config_text: str
+    ssh_wrapper_path: str
+    ssh_wrapper_text: str
+    argv: tuple[str, ...]
+    env_set: dict[str, str]
+    exported: tuple[str, ...]
+    wait_hosts: tuple[str, ...]  # must resolve and accept TCP on ssh_port
+    ssh_port: int
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "framework": "mpi",
+            "implementation": self.impl.to_json(),
+            "hosts": [{"name": h.name, "slots": h.slots} for h in self.hosts],
+            "ranks": self.ranks,
+            "hostfile": {"path": self.hostfile_path, "text": self.hostfile_text},
+            "ssh": {"config": self.ssh_config_path, "configText": self.ssh_config_text, "port": self.ssh_port},
+            "argv": list(self.argv),
+            "env": {"set": self.env_set, "exported": list(self.exported)},
+            "wait": {"hosts": list(self.wait_hosts), "port": self.ssh_port},
+            "sources": self.sources,
+        }
+
+
+def split_mpirun_args(args: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``[MPIRUN FLAGS] PROGRAM [ARGS]`` -> (flags, program). ``--`` may separate them."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return tuple(args[:i]), tuple(args[i + 1:])
+        if not arg.startswith("-"):
+            break
+        flag = arg.split("=", 1)[0]
+        if "=" in arg:
+            i += 1
+        elif flag in _TWO_VALUES:
+            i += 3
+        elif flag in _ONE_VALUE:
+            i += 2
+        else:
+            i += 1
+    return tuple(args[:i]), tuple(args[i:])
+
+
+def exported_names(environ: dict[str, str], allow: tuple[str, ...], deny: tuple[str, ...]) -> tuple[str, ...]:
+    def matches(name: str, globs: tuple[str, ...]) -> bool:
+        return any(fnmatch.fnmatchcase(name, glob) for glob in globs)
+
+    return tuple(sorted(n for n in environ if matches(n, allow) and not matches(n, EXPORT_DENY + deny)
+                        and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)))
+
+
+def abort_on_exception(program: tuple[str, ...], facts: MpiFacts) -> tuple[str, ...]:
+    """Run a Python program as ``python -m mpi4py`` so an uncaught exception (or sys.exit) in one
+    rank calls MPI_Abort and ends the whole job at once instead of leaving the others waiting."""
+    if not facts.has_mpi4py or not program:
+        return program
+    if program[0].endswith(".py"):
+        return (facts.python, "-m", "mpi4py", *program)
+    if not _PYTHON.match(os.path.basename(program[0])):
+        return program
+    i = 1
+    while i < len(program) and re.fullmatch(r"-[uBEsSIOqbd]+|-OO|-[XW].*", program[i]):
+        i += 2 if program[i] in ("-X", "-W") else 1  # -X dev / -W error take the next word
+    if program[i:i + 2] == ("-m", "mpi4py"):
+        return program
+    return (*program[:i], "-m", "mpi4py", *program[i:])
+
+
+def ssh_client_config(identity: str, port: int) -> str:
+    return (
+        "# written by trainer-launcher: how mpirun reaches the workers' sshd\n"
+        "Host *\n"
+        f"    Port {port}\n"
+        f"    IdentityFile {identity}\n"
+        "    IdentitiesOnly yes\n"
+        "    StrictHostKeyChecking no\n"
+        "    UserKnownHostsFile /dev/null\n"
+        "    LogLevel ERROR\n"
+        "    BatchMode yes\n"
+        "    ConnectionAttempts 10\n"
+        "    ConnectTimeout 10\n"
+        "    ServerAliveInterval 30\n"
+    )
+
+
+def plan_mpi(
+    settings,  # launcher.settings.MpiSettings
+    impl: MpiImpl,
+    hosts: tuple[Host, ...],
+    args: list[str],
+    environ: dict[str, str],
+    facts: MpiFacts,
+    sources: dict[str, str] | None = None,
+) -> MpiPlan:
+    from launcher.outcome import ConfigError
+
+    flags, program = split_mpirun_args(args)
+    if not program:
+        raise ConfigError("PROGRAM", None, "a program after the options: trainer-launcher mpi [OPTIONS] -- [MPIRUN FLAGS] PROGRAM [ARGS...]")
+    if facts.program_path and "/" not in program[0]:
+        # The launcher's python3, not whatever the ranks' PATH finds first (Open MPI puts its
+        # own prefix first on remote hosts).
+        program = (facts.program_path, *program[1:])
+    if settings.abort_on_exception:
+        program = abort_on_exception(program, facts)
+    ssh_dir = settings.ssh_dir
+    hostfile_path = os.path.join(ssh_dir, "hostfile")
+    ssh_config = os.path.join(ssh_dir, "ssh_config")
+    wrapper = os.path.join(ssh_dir, "ssh")
+    given = {f.split("=", 1)[0] for f in flags}
+    user_counts = bool(given & _RANK_COUNT)
+    ranks = None if user_counts else sum(h.slots for h in hosts)
+    exported = exported_names(environ, settings.export, settings.export_deny)
+    env: dict[str, str] = {}
+    argv: list[str] = [impl.launcher]
+    if impl.flavor == "openmpi":
+        per_host = uniform_slots(hosts)
+        # Open MPI 4 (ORTE) and 5 (PRTE) read different names; set both so either works.
+        env.update({
+            "OMPI_MCA_orte_default_hostfile": hostfile_path,
+            "PRTE_MCA_prte_default_hostfile": hostfile_path,
+            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+            "PRTE_MCA_prte_keep_fqdn_hostnames": "true",
+            "OMPI_MCA_plm_rsh_args": f"-F {ssh_config}",
+            "PRTE_MCA_plm_ssh_args": f"-F {ssh_config}",
+        })
+        if per_host is not None:
+            env["OMPI_MCA_orte_set_default_slots"] = env["PRTE_MCA_prte_set_default_slots"] = str(per_host)
+        if facts.is_root:
+            env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        if not given & _HOSTFILE:
+            argv += ["--hostfile", hostfile_path]
+        if ranks is not None:
+            argv += ["-np", str(ranks)]
+        for name in exported:
+            argv += ["-x", name]
+    else:
+        per_host = uniform_slots(hosts)
+        if not given & _HOSTFILE:
+            argv += ["-f", hostfile_path]
+        if ranks is not None:
+            argv += ["-n", str(ranks)]
+        if per_host is not None and not given & _PER_HOST:
+            argv += ["-ppn", str(per_host)]  # Intel MPI ignores host:N in -f without it
+        if exported:
+            argv += ["-genvlist", ",".join(exported)]
+        if impl.name == "intel":
+            env.update({
+                "I_MPI_HYDRA_HOST_FILE": hostfile_path,
+                "I_MPI_HYDRA_BOOTSTRAP": "ssh",
+                "I_MPI_HYDRA_BOOTSTRAP_EXEC": wrapper,
+            })
+            if per_host is not None:
+                env["I_MPI_PERHOST"] = str(per_host)
+        else:
+            env.update({"HYDRA_HOST_FILE": hostfile_path, "HYDRA_LAUNCHER": "ssh", "HYDRA_LAUNCHER_EXEC": wrapper})
+    argv += [*flags, *program]
+    own = {facts.hostname.split(".")[0], "localhost", "127.0.0.1", "::1"}
+    return MpiPlan(
+        impl=impl,
+        hosts=hosts,
+        ranks=ranks,
+        hostfile_path=hostfile_path,
+        hostfile_text=render(hosts, impl.flavor),
+        ssh_config_path=ssh_config,
+        ssh_config_text=ssh_client_config(os.path.join(ssh_dir, "id_key"), settings.ssh_port),
+        ssh_wrapper_path=wrapper,
+        ssh_wrapper_text=f'#!/bin/sh\nexec ssh -F "{ssh_config}" "$@"\n',
+        argv=tuple(argv),
+        env_set=env,
+        exported=exported,
+        # The launcher's own pod (runLauncherAsNode) and localhost run their ranks without ssh.
+        wait_hosts=tuple(h.name for h in hosts if h.name.split(".")[0] not in own and h.name not in own),
+        ssh_port=settings.ssh_port,
+        sources=sources or {},
+    )

@@ -1,0 +1,168 @@
+"""``trainer-launcher mpi``: the MPI launcher role (hostfile -> mpirun, supervised) and, with
+``--worker``, the worker role (private key copies -> sshd on port 2222, supervised)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from dataclasses import replace
+
+from launcher import log, netwait, settings
+from launcher.exec_job import supervise
+from launcher.mpi import ssh
+from launcher.mpi.detect import detect
+from launcher.mpi.hostfile import Host, parse_hostfile
+from launcher.mpi.plan import MpiFacts, MpiPlan, plan_mpi, split_mpirun_args
+from launcher.outcome import ConfigError, LauncherError, RootCause
+from launcher.report import deliver
+from launcher.settings import HostEnv, LauncherSettings, MpiSettings, Override
+from launcher.supervisor import Child, Interrupted, Supervisor
+
+# How the MPIs name the rank that brought the job down (MPI_Abort, as `python -m mpi4py` calls it).
+_ABORT_RANK = (
+    re.compile(r"MPI_ABORT was invoked on rank (\d+)"),  # Open MPI
+    re.compile(r"Abort\(\d+\) on node \d+ \(rank (\d+)"),  # MPICH, Intel MPI
+)
+_FAILED_HOST = (
+    re.compile(r"rank \d+ with PID \d+ on node (\S+)"),  # Open MPI 5
+    re.compile(r"RUNNING AT (\S+)"),  # hydra's BAD TERMINATION banner
+    re.compile(r"on node (\S+) exited on signal"),  # Open MPI
+)
+
+
+def load(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override]) -> tuple[LauncherSettings, MpiSettings]:
+    launcher = settings.load(LauncherSettings, launcher_overrides)
+    log.configure(launcher.log_format)
+    return launcher, settings.load(MpiSettings, mpi_overrides)
+
+
+def read_hosts(mpi: MpiSettings, mpi_overrides: dict[str, Override]) -> tuple[Host, ...]:
+    source = settings.source_of(MpiSettings, "hostfile", mpi_overrides) or "/etc/mpi/hostfile"
+    try:
+        with open(mpi.hostfile, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as error:
+        raise ConfigError(source, mpi.hostfile, f"a readable hostfile ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(source, mpi.hostfile, "a UTF-8 text hostfile") from None
+    return parse_hostfile(text, mpi.hostfile, mpi.default_slots)
+
+
+def facts(rest: list[str]) -> MpiFacts:
+    import importlib.util
+
+    host = settings.load(HostEnv)
+    _, program = split_mpirun_args(rest)
+    return MpiFacts(
+        is_root=os.geteuid() == 0,
+        hostname=host.hostname or socket.gethostname(),
+        python=sys.executable,
+        has_mpi4py=importlib.util.find_spec("mpi4py") is not None,
+        program_path=shutil.which(program[0]) if program else None,
+    )
+
+
+def make_plan(launcher_overrides, mpi_overrides, rest: list[str]) -> tuple[LauncherSettings, MpiSettings, MpiPlan]:
+    launcher, mpi = load(launcher_overrides, mpi_overrides)
+    hosts = read_hosts(mpi, mpi_overrides)
+    impl = detect(mpi.mpirun, mpi.implementation,
+                  settings.source_of(MpiSettings, "mpirun", mpi_overrides) or "mpirun")
+    sources = {"hostfile": settings.source_of(MpiSettings, "hostfile", mpi_overrides) or "default"}
+    plan = plan_mpi(mpi, impl, hosts, rest, settings.environ(), facts(rest), sources)
+    return launcher, mpi, plan
+
+
+def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override], rest: list[str]) -> int:
+    termination_log = settings.raw_value(LauncherSettings, "termination_log", launcher_overrides)
+    try:
+        launcher, mpi, plan = make_plan(launcher_overrides, mpi_overrides, rest)
+        termination_log = launcher.termination_log
+        ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
+        ssh.write_private(plan.hostfile_path, plan.hostfile_text, 0o644)
+        ssh.write_private(plan.ssh_config_path, plan.ssh_config_text)
+        ssh.write_private(plan.ssh_wrapper_path, plan.ssh_wrapper_text, 0o700)
+        log.info(f"mpi: {plan.impl.name} {plan.impl.major or ''} on {len(plan.hosts)} hosts, "
+                 f"{plan.ranks if plan.ranks is not None else 'user-set'} ranks: {' '.join(plan.argv[:8])} ...",
+                 plan=plan.to_json())
+        _wait(plan, launcher)
+        env = {**settings.environ(), **plan.env_set}
+        outcome = supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause))
+        return deliver(outcome, termination_log)
+    except LauncherError as error:
+        return deliver(error.outcome().on_node(socket.gethostname()), termination_log)
+
+
+def _mount_source(mpi_overrides: dict[str, Override]) -> str:
+    return settings.source_of(MpiSettings, "ssh_auth_mount_path", mpi_overrides) or "LAUNCHER_SSH_AUTH_MOUNT_PATH"
+
+
+def _wait(plan: MpiPlan, launcher: LauncherSettings) -> None:
+    if not plan.wait_hosts:
+        return
+    deadline = time.monotonic() + launcher.rendezvous_timeout
+    with Supervisor() as supervisor:  # a SIGTERM while we wait ends the wait at once
+        try:
+            netwait.wait_until_hosts_accept(plan.wait_hosts, plan.ssh_port, deadline, supervisor.sleep, log.info)
+        except Interrupted:
+            from launcher.outcome import terminated
+
+            raise _Stopped(terminated(supervisor.received_signal, launcher.retryable_exit_codes)) from None
+
+
+class _Stopped(LauncherError):
+    def __init__(self, outcome):
+        super().__init__(outcome.message)
+        self._outcome = outcome
+
+    def outcome(self):
+        return self._outcome
+
+
+def root_cause(plan: MpiPlan, child: Child, cause: RootCause) -> RootCause:
+    """The failing rank (and its host) from mpirun's output; where only the rank is named, its
+    host follows from the default by-slot placement of our -np over the hostfile."""
+    cause = _root_cause_from_output(child, cause)
+    if cause.rank is not None and cause.node is None and plan.ranks is not None:
+        first = 0
+        for host in plan.hosts:
+            if first <= cause.rank < first + host.slots:
+                return replace(cause, node=host.name)
+            first += host.slots
+    return cause
+
+
+def _root_cause_from_output(child: Child, cause: RootCause) -> RootCause:
+    text = "\n".join(child.tail)
+    for pattern in _ABORT_RANK:
+        if match := pattern.search(text):
+            cause = replace(cause, rank=int(match[1]), node=None)
+            break
+    for pattern in _FAILED_HOST:
+        if match := pattern.search(text):
+            cause = replace(cause, node=match[1])
+            break
+    return cause
+
+
+def run_worker(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override]) -> int:
+    termination_log = settings.raw_value(LauncherSettings, "termination_log", launcher_overrides)
+    try:
+        launcher, mpi = load(launcher_overrides, mpi_overrides)
+        termination_log = launcher.termination_log
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
+        config = os.path.join(mpi.ssh_dir, "sshd_config")
+        environ = settings.environ()
+        session_env = {k: environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if environ.get(k)}
+        ssh.write_private(config, ssh.sshd_config(mpi.ssh_dir, mpi.ssh_port, mpi.ssh_listen_address,
+                                                  os.geteuid() == 0, session_env))
+        if os.geteuid() == 0:
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation, root only
+        log.info(f"mpi worker: sshd on port {mpi.ssh_port} as uid {os.getuid()} with keys from {mpi.ssh_auth_mount_path}")
+        return deliver(supervise(launcher, [sshd, "-D", "-e", "-f", config]), termination_log)
+    except LauncherError as error:
+        return deliver(error.outcome(), termination_log)

@@ -1,0 +1,31 @@
+"""An MPI rank for the tests: reports who and where it is, and what it can see.
+
+REPORT_DIR  each rank writes <rank>.json (rank, size, hostname, JOB_ONLY value, allreduce)
+BEHAVIOUR   ok (default) | exit:<code> (on FAIL_RANK, after the allreduce)
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+total = comm.allreduce(rank + 1)
+report_dir = os.environ.get("REPORT_DIR")
+if report_dir:
+    with open(os.path.join(report_dir, f"{rank}.json"), "w") as handle:
+        json.dump({"rank": rank, "size": size, "hostname": socket.gethostname(),
+                   "job_only": os.environ.get("JOB_ONLY"), "allreduce": total,
+                   "library": MPI.Get_library_version().splitlines()[0]}, handle)
+print(f"rank {rank}/{size} on {socket.gethostname()}", flush=True)
+behaviour = os.environ.get("BEHAVIOUR", "ok")
+if behaviour.startswith("exit:"):
+    if rank == int(os.environ.get("FAIL_RANK", "1")):
+        time.sleep(0.5)
+        sys.exit(int(behaviour.split(":")[1]))
+    time.sleep(60)
+comm.Barrier()

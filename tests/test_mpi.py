@@ -1,0 +1,193 @@
+"""`trainer-launcher mpi` with real mpirun for Open MPI 5 and 4, MPICH and Intel MPI, over real
+sshd started by the worker role as an unprivileged user from a read-only key mount.
+
+`local --mpi` builds the cluster: one private network namespace, and per pod its own hostname and
+/etc/hosts (UTS and mount namespaces). .ci/install-mpi installs the four MPIs, each in its own
+prefix; an implementation that is not installed is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import IS_ROOT, REPO, Job, clean_env, launcher
+
+PROGRAM = str(REPO / "tests" / "programs" / "mpi_ranks.py")
+IMPLEMENTATIONS = {
+    "openmpi5": ("openmpi", "/opt/mpi/openmpi5/bin/mpirun", "/opt/mpi/openmpi5/lib/libmpi.so.40", "Open MPI v5"),
+    "openmpi4": ("openmpi", "/usr/bin/mpirun", "/usr/lib/x86_64-linux-gnu/libmpi.so.40", "Open MPI v4"),
+    "mpich": ("mpich", "/opt/mpi/mpich/bin/mpiexec", "/opt/mpi/mpich/lib/libmpi.so.12", "MPICH"),
+    "intel": ("intel", "/opt/mpi/intel/bin/mpirun", "/opt/mpi/intel/lib/libmpi.so.12", "Intel(R) MPI"),
+}
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def _missing(key: str) -> str | None:
+    _, mpirun, libmpi, _ = IMPLEMENTATIONS[key]
+    if not os.path.exists(mpirun) or not os.path.exists(libmpi):
+        return f"{key} is not installed ({mpirun}); run .ci/install-mpi as root"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed; run .ci/install-mpi"
+    return None
+
+
+@pytest.fixture(params=list(IMPLEMENTATIONS))
+def mpi(request):
+    reason = _missing(request.param)
+    if reason:
+        pytest.skip(reason)
+    name, mpirun, libmpi, library = IMPLEMENTATIONS[request.param]
+    env = clean_env(MPI4PY_LIBMPI=libmpi, PATH=f"{os.path.dirname(mpirun)}:{os.environ['PATH']}")
+    if request.param == "openmpi4":  # Debian's: keep our python first (its bin is /usr/bin)
+        env["PATH"] = os.environ["PATH"]
+    return {"name": name, "mpirun": mpirun, "library": library, "env": env}
+
+
+@pytest.fixture
+def shared_dir():
+    """Writable by the unprivileged ranks (pytest's tmp_path is private to root)."""
+    path = tempfile.mkdtemp(prefix="trainer-launcher-mpi-test-")
+    os.chmod(path, 0o777)
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+needs_cluster = pytest.mark.skipif(not IS_ROOT or not _user_exists("mpiuser") or not shutil.which("sshd"),
+                                   reason="needs root, sshd and the user mpiuser (.ci/install-mpi)")
+
+
+def local_mpi(mpi, tmp_path, shared_dir, nnodes=2, nproc=2, **env) -> Job:
+    argv = launcher("local", "--mpi", mpi["name"], "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+                    "--mpirun", mpi["mpirun"], "--grace-period", "3", "--", "python3", PROGRAM)
+    return Job(argv, {**mpi["env"], "REPORT_DIR": str(shared_dir), **env}, tmp_path)
+
+
+def reports(directory: Path) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in directory.glob("*.json") if p.stem.isdigit()}
+
+
+@needs_cluster
+def test_two_nodes_over_real_sshd_run_every_rank_on_the_workers_with_the_launchers_env(mpi, tmp_path, shared_dir):
+    job = local_mpi(mpi, tmp_path, shared_dir, JOB_ONLY="set-only-on-the-launcher")
+    assert job.wait(180) == 0, job.stderr
+    ranks = reports(shared_dir)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert {r["hostname"] for r in ranks.values()} == {"local-node-0-0", "local-node-0-1"}
+    assert {r["job_only"] for r in ranks.values()} == {"set-only-on-the-launcher"}
+    assert {r["allreduce"] for r in ranks.values()} == {1 + 2 + 3 + 4}
+    assert all(r["library"].startswith(mpi["library"]) for r in ranks.values())
+
+
+@needs_cluster
+def test_a_rank_that_exits_3_ends_the_whole_job_with_3_naming_rank_and_host(mpi, tmp_path, shared_dir):
+    job = local_mpi(mpi, tmp_path, shared_dir, nproc=1, BEHAVIOUR="exit:3", FAIL_RANK="1")
+    assert job.wait(120) == 3, job.stderr  # the other rank sleeps 60 s: only an abort ends it sooner
+    message = job.termination()
+    assert message["exitCode"] == 3 and message["retryable"] is False
+    assert message["rootCause"]["rank"] == 1
+    assert message["rootCause"]["node"].startswith("local-node-0-1")
+
+
+def test_a_host_that_never_resolves_is_retryable_138_naming_it(mpi, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("tj-node-0-0.never-up.invalid slots=1\n")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "id_rsa").write_text("not a real key\n")
+    (keys / "authorized_keys").write_text("ssh-ed25519 AAAA test\n")
+    argv = launcher("mpi", "--mpirun", mpi["mpirun"], "--implementation", mpi["name"], "--hostfile", str(hostfile),
+                    "--ssh-auth-mount-path", str(keys), "--ssh-dir", str(tmp_path / "ssh"),
+                    "--rendezvous-timeout", "2", "--", "python3", PROGRAM)
+    job = Job(argv, mpi["env"], tmp_path)
+    assert job.wait(60) == 138, job.stderr
+    message = job.termination()
+    assert message["reason"] == "RendezvousTimeout" and message["retryable"] is True
+    assert "tj-node-0-0.never-up.invalid" in message["message"]
+
+
+def test_pytest_mpi_tests_run_inside_the_ranks(mpi, tmp_path):
+    env = {**mpi["env"], "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HOME": str(tmp_path)}
+    extra = ["--oversubscribe"] if mpi["name"] == "openmpi" else []
+    result = subprocess.run([mpi["mpirun"], *extra, "-n", "2", sys.executable, "-m", "pytest", "--with-mpi", "-q",
+                             "-p", "no:cacheprovider", str(REPO / "tests" / "in_ranks" / "test_in_ranks.py")],
+                            env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("passed") >= 2  # one summary per rank
+
+
+def test_as_root_on_one_host_the_launcher_runs_without_ssh_and_exports_the_env(mpi, tmp_path, shared_dir):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "id_rsa").write_text("unused on one host\n")
+    (keys / "authorized_keys").write_text("unused on one host\n")
+    flags = ["--oversubscribe"] if mpi["name"] == "openmpi" else []
+    argv = launcher("mpi", "--mpirun", mpi["mpirun"], "--hostfile", str(hostfile), "--ssh-auth-mount-path", str(keys),
+                    "--ssh-dir", str(tmp_path / "ssh"), "--", *flags, "python3", PROGRAM)
+    job = Job(argv, {**mpi["env"], "REPORT_DIR": str(shared_dir), "JOB_ONLY": "from-the-launcher",
+                     "HOME": str(tmp_path)}, tmp_path)
+    assert job.wait(120) == 0, job.stderr
+    ranks = reports(shared_dir)
+    assert sorted(ranks) == [0, 1]
+    assert {r["job_only"] for r in ranks.values()} == {"from-the-launcher"}
+    assert f"mpi: {mpi['name']}" in job.stderr  # detected from `mpirun --version`
+
+
+@pytest.mark.skipif(not IS_ROOT or not shutil.which("sshd"), reason="needs root and sshd")
+@pytest.mark.parametrize("user", ["root", "mpiuser"])
+def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, user):
+    from conftest import free_port, wait_for
+
+    if user != "root" and not _user_exists(user):
+        pytest.skip(f"no user {user} (.ci/install-mpi creates it)")
+    account = pwd.getpwnam(user)
+    mount = Path(tempfile.mkdtemp(prefix="trainer-launcher-secret-"))
+    state = Path(tempfile.mkdtemp(prefix="trainer-launcher-worker-"))
+    try:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-f", str(mount / "id_rsa")], check=True)
+        shutil.copy(mount / "id_rsa.pub", mount / "authorized_keys")
+        for name in ("id_rsa", "id_rsa.pub", "authorized_keys"):  # as Trainer mounts the Secret
+            os.chown(mount / name, 0, account.pw_gid)
+            os.chmod(mount / name, 0o640 if name == "id_rsa" else 0o644)
+        os.chmod(mount, 0o555)
+        os.chown(state, account.pw_uid, account.pw_gid)
+        port = free_port()
+        drop = [] if user == "root" else ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
+                                          "--init-groups", "--"]
+        argv = drop + launcher("mpi", "--worker", "--ssh-port", str(port), "--ssh-listen-address", "127.0.0.1",
+                               "--ssh-auth-mount-path", str(mount), "--ssh-dir", str(state / "ssh"))
+        env = clean_env(HOME=account.pw_dir, LAUNCHER_TERMINATION_LOG=str(state / "termination.json"))
+        worker = Job(argv, env, tmp_path, "worker")
+        wait_for(lambda: "sshd on port" in worker.stderr or worker.process.poll() is not None,
+                 what="the worker to start sshd")
+        assert worker.process.poll() is None, worker.stderr
+        client = ["ssh", "-p", str(port), "-i", str(state / "ssh" / "id_key"), "-o", "StrictHostKeyChecking=no",
+                  "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectionAttempts=20",
+                  f"{user}@127.0.0.1", "echo", "hello-from-sshd"]
+        result = subprocess.run(drop + client, capture_output=True, text=True, timeout=60)
+        worker.signal(15)
+        assert worker.wait(30) in (0, 143)
+        assert result.stdout.strip() == "hello-from-sshd", result.stderr + worker.stderr
+        assert oct((state / "ssh" / "id_key").stat().st_mode & 0o777) == "0o600"
+    finally:
+        shutil.rmtree(mount, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
