@@ -47,9 +47,9 @@ from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_torch import (  # noqa: E402  (a script in the same folder)
-    Run, codes, fmt, median, pid_gone, rank_pids, ratio, result_line, say, scratch, show_run, start, tail,
-    values, wait_exit,
+    Run, codes, fmt, median, pid_gone, rank_pids, ratio, result_line, say, scratch, start, values, wait_exit,
 )
+from bench_torch import tail as _tail  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(REPO, "bench", "programs")
@@ -187,6 +187,23 @@ def show_plan(setup: Setup, root: str) -> str | None:
     say(f"        exported names: {' '.join(names) or '(none)'}")
     say(f"        env set: {' '.join(f'{k}={v}' for k, v in plan['env']['set'].items()) or '(none)'}")
     return None
+
+
+def tail(path: str, lines: int = 6) -> str:
+    """bench_torch.tail, with NULs and other control characters made visible (Open MPI 5's
+    prterun ends its abort banner with a NUL byte)."""
+    return "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in _tail(path, lines))
+
+
+def show_run(side: str, i: int, run: Run, workdir: str) -> None:
+    """One line per run; the command's stderr tail when something was off."""
+    extra = f" (rank 1's process gone after {fmt(run.extra['rank1'])} s)" if run.extra.get("rank1") is not None else ""
+    line = f"    {side:<9} #{i}: {fmt(run.value)} s{extra}, exit {run.code}"
+    say(line + (f"  !! {run.note}" if run.note else ""))
+    if run.note or run.value is None:
+        out = tail(os.path.join(workdir, "stderr"))
+        if out:
+            say("      stderr tail:\n" + out)
 
 
 # --- processes ------------------------------------------------------------------------------------

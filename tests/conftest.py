@@ -100,3 +100,18 @@ def report_dir(tmp_path: Path) -> Path:
     path = tmp_path / "ranks"
     path.mkdir()
     return path
+
+
+def assert_one_line_naming(result: subprocess.CompletedProcess, names: str, value: str | None) -> str:
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output
+    assert result.returncode == 2, f"exit {result.returncode}, expected 2\n{output}"
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), f"expected exactly one stderr line, got {lines!r}"
+    assert result.stdout == "", f"nothing should be printed on stdout: {result.stdout!r}"
+    line = lines[0]
+    assert names in line, f"{names!r} not named in {line!r}"
+    if value is not None:
+        shown = repr(value) if not value.strip() else value
+        assert shown in line, f"bad value {shown!r} not repeated in {line!r}"
+    return line

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_one_line_naming
 from launcher.devices import gpu_devices
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,19 +206,6 @@ def marker_script(tmp_path: Path) -> tuple[str, Path]:
     return str(script), marker
 
 
-def assert_one_line_naming(result: subprocess.CompletedProcess, names: str, value: str | None) -> str:
-    output = result.stdout + result.stderr
-    assert "Traceback" not in output, output
-    assert result.returncode == 2, f"exit {result.returncode}, expected 2\n{output}"
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].strip(), f"expected exactly one stderr line, got {lines!r}"
-    assert result.stdout == "", f"nothing should be printed on stdout: {result.stdout!r}"
-    line = lines[0]
-    assert names in line, f"{names!r} not named in {line!r}"
-    if value is not None:
-        shown = repr(value) if not value.strip() else value
-        assert shown in line, f"bad value {shown!r} not repeated in {line!r}"
-    return line
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])

@@ -106,13 +106,19 @@ def test_a_rank_that_exits_3_ends_the_whole_job_with_3_naming_rank_and_host(mpi,
     assert message["rootCause"]["node"].startswith("local-node-0-1")
 
 
-def test_a_host_that_never_resolves_is_retryable_138_naming_it(mpi, tmp_path):
+def launcher_role(tmp_path: Path, hostfile_text: str) -> tuple[Path, Path]:
+    """A hostfile and a key mount for the launcher role alone (no worker is ever reached)."""
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("tj-node-0-0.never-up.invalid slots=1\n")
+    hostfile.write_text(hostfile_text)
     keys = tmp_path / "keys"
     keys.mkdir()
-    (keys / "id_rsa").write_text("not a real key\n")
-    (keys / "authorized_keys").write_text("ssh-ed25519 AAAA test\n")
+    (keys / "id_rsa").write_text("never used: no ssh in this test\n")
+    (keys / "authorized_keys").write_text("never used\n")
+    return hostfile, keys
+
+
+def test_a_host_that_never_resolves_is_retryable_138_naming_it(mpi, tmp_path):
+    hostfile, keys = launcher_role(tmp_path, "tj-node-0-0.never-up.invalid slots=1\n")
     argv = launcher("mpi", "--mpirun", mpi["mpirun"], "--implementation", mpi["name"], "--hostfile", str(hostfile),
                     "--ssh-auth-mount-path", str(keys), "--ssh-dir", str(tmp_path / "ssh"),
                     "--rendezvous-timeout", "2", "--", "python3", PROGRAM)
@@ -134,12 +140,7 @@ def test_pytest_mpi_tests_run_inside_the_ranks(mpi, tmp_path):
 
 
 def test_as_root_on_one_host_the_launcher_runs_without_ssh_and_exports_the_env(mpi, tmp_path, shared_dir):
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("localhost slots=2\n")
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / "id_rsa").write_text("unused on one host\n")
-    (keys / "authorized_keys").write_text("unused on one host\n")
+    hostfile, keys = launcher_role(tmp_path, "localhost slots=2\n")
     flags = ["--oversubscribe"] if mpi["name"] == "openmpi" else []
     argv = launcher("mpi", "--mpirun", mpi["mpirun"], "--hostfile", str(hostfile), "--ssh-auth-mount-path", str(keys),
                     "--ssh-dir", str(tmp_path / "ssh"), "--", *flags, "python3", PROGRAM)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_one_line_naming
+
 REPO = Path(__file__).resolve().parents[1]
 MPI_PREFIXES = ("LAUNCHER_", "OMPI_", "PRTE_", "I_MPI_", "HYDRA_", "PET_")
 TMP = "{tmp}"  # replaced by the test's tmp_path in args and env values
@@ -172,18 +174,8 @@ def launcher(args, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedP
 def test_bad_mpi_input_exits_2_with_one_line_naming_it(case: Case, workdir: Path):
     result = launcher(case.args, case.env, workdir)
 
-    output = result.stdout + result.stderr
-    assert "Traceback" not in output, output
-    assert result.returncode == 2, f"exit {result.returncode}, expected 2\n{output}"
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].strip(), f"expected exactly one stderr line, got {lines!r}"
-    assert result.stdout == "", f"nothing should be printed on stdout: {result.stdout!r}"
-    line = lines[0]
-    names = fill(case.names, workdir)
-    assert names in line, f"{names!r} not named in {line!r}"
-    if case.value is not None:
-        value = fill(case.value, workdir)
-        assert value in line, f"bad value {value!r} not repeated in {line!r}"
+    value = fill(case.value, workdir) if case.value is not None else None
+    line = assert_one_line_naming(result, fill(case.names, workdir), value)
     if case.unset:
         assert "unset" in line, line
     assert not (workdir / "s").exists() or case.args[0] == "mpi", "plan must not write anything"
