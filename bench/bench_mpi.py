@@ -47,7 +47,7 @@ from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_torch import (  # noqa: E402  (a script in the same folder)
-    Run, codes, fmt, median, pid_gone, rank_pids, ratio, result_line, say, scratch, start, values, wait_exit,
+    Run, codes, fmt, median, pid_gone, rank_pids, ratio, say, scratch, start, values, wait_exit,
 )
 from bench_torch import tail as _tail  # noqa: E402
 
@@ -195,9 +195,27 @@ def tail(path: str, lines: int = 6) -> str:
     return "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in _tail(path, lines))
 
 
+def result_line(workdir: str) -> str:
+    """The launcher's last `trainer-launcher:` line on stderr (its result). Unlike bench_torch's,
+    it also finds one glued to the end of the MPI's last line (Open MPI 5 ends with a NUL and no
+    newline), and says so."""
+    try:
+        with open(os.path.join(workdir, "stderr"), "rb") as handle:
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    hits = [line for line in lines if "trainer-launcher:" in line]
+    if not hits:
+        return ""
+    before, _, after = hits[-1].partition("trainer-launcher:")
+    glued = f"  [glued to the end of the MPI's last line {before[-40:]!r}: no newline before it]" if before else ""
+    return "trainer-launcher:" + after.rstrip() + glued
+
+
 def show_run(side: str, i: int, run: Run, workdir: str) -> None:
     """One line per run; the command's stderr tail when something was off."""
-    extra = f" (rank 1's process gone after {fmt(run.extra['rank1'])} s)" if run.extra.get("rank1") is not None else ""
+    seen = [f"rank {r}'s after {fmt(run.extra[f'rank{r}'])} s" for r in (1, 0) if run.extra.get(f"rank{r}") is not None]
+    extra = f" (process gone: {', '.join(seen)})" if seen else ""
     line = f"    {side:<9} #{i}: {fmt(run.value)} s{extra}, exit {run.code}"
     say(line + (f"  !! {run.note}" if run.note else ""))
     if run.note or run.value is None:
@@ -268,16 +286,16 @@ def run_failure(argv: list[str], env: dict, workdir: str, timeout: float = FAIL_
     """From rank 1's recorded time.time() (just before sys.exit(3)) until the command has exited.
     value None + 'capped' when the command was still running at the cap."""
     proc = start(argv, env, workdir)
-    rank1_gone: list[float] = []
+    gone: dict[int, float] = {}  # rank -> time.time() its process was seen gone
     stop = threading.Event()
 
-    def watch() -> None:  # side figure: when rank 1's own process is gone (polls /proc)
+    def watch() -> None:  # side figures: when each rank's own process is gone (polls /proc)
         while not stop.is_set() and len(pids := rank_pids(workdir)) < NPROC:
             time.sleep(0.005)
-        while not stop.is_set():
-            if pid_gone(pids[1]):
-                rank1_gone.append(time.time())
-                return
+        while not stop.is_set() and len(gone) < NPROC:
+            for rank, pid in enumerate(pids):
+                if rank not in gone and pid_gone(pid):
+                    gone[rank] = time.time()
             time.sleep(0.005)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -292,7 +310,7 @@ def run_failure(argv: list[str], env: dict, workdir: str, timeout: float = FAIL_
             failed_at = float(handle.read())
     except (OSError, ValueError):
         return Run(None, code, (note + "; " if note else "") + "rank 1 never recorded its failure", {"capped": code is None})
-    extra = {"rank1": rank1_gone[0] - failed_at} if rank1_gone else {}
+    extra = {f"rank{r}": t - failed_at for r, t in gone.items()}
     extra["capped"] = code is None
     return Run(exited - failed_at if code is not None else None, code, note, extra)
 
@@ -318,6 +336,7 @@ class Measure:
     met: bool | None = None
     why: str = ""
     remarks: list[str] = field(default_factory=list)
+    extra_roots: list = field(default_factory=list)  # failure: rootCause.rank per launcher run
 
 
 def judge_hello(m: Measure) -> None:
@@ -387,8 +406,11 @@ def summarize(hello: Measure | None, failure: Measure | None) -> list[list[str]]
         say(f"  2. failure: recorded failure (rank 1, exit 3) -> command exited")
         say(f"     launcher mpi     median {fmt(lm)} s   samples {samples(failure.launcher)}")
         say(f"     bare (1 run)     {bshown} s")
-        r1 = [round(x.extra['rank1'], 3) for x in failure.launcher if x.extra.get("rank1") is not None]
-        say(f"     of which rank 1's own exit (time.time() -> its pid gone), launcher side: samples {r1}")
+        for r, what in ((1, "rank 1's own exit (its time.time() -> its pid gone)"),
+                        (0, "rank 0 torn down (rank 1's time.time() -> rank 0's pid gone)")):
+            xs = [x.extra[f"rank{r}"] for x in failure.launcher if x.extra.get(f"rank{r}") is not None]
+            say(f"     {what}, launcher side: median {fmt(median(xs))} s, samples {[round(x, 3) for x in xs]}")
+        say(f"     rootCause.rank in the termination log, per launcher run: {failure.extra_roots}")
         say(f"     exit codes: launcher {[x.code for x in failure.launcher]}, bare {[x.code for x in failure.baseline]}")
         for remark in failure.remarks:
             say(f"     {remark}")
@@ -500,6 +522,7 @@ def main() -> int:
                     run = run_failure(setup.launcher(FAIL), launcher_env(setup.impl, work, BENCH_DIR=work), work)
                     m.launcher.append(run)
                     show_run(f"{setup.impl.key:<8} launcher", i, run, work)
+                    m.extra_roots.append((termination(work).get("rootCause") or {}).get("rank"))
                     if run.code != 3 or run.note or run.value is None:
                         m.remarks.append(f"launcher run {i}: exit {run.code}; {describe_outcome(work)}")
                     if i == 1:

@@ -86,10 +86,12 @@ class _Stream:
     def close(self, write) -> None:
         if self.partial:
             self._line(self.partial, write)
+            if self.transform is None and self.target == 2:
+                write(2, b"\n")  # our own log lines follow on stderr: do not glue them on
             self.partial = b""
 
     def _line(self, line: bytes, write) -> None:
-        text = line.decode("utf-8", "replace").rstrip("\r")
+        text = line.decode("utf-8", "replace").rstrip("\r").replace("\x00", "")
         self.scan(self.child, text)
         if self.transform is not None:
             write(self.target, self.transform(text).encode("utf-8", "replace") + b"\n")
