@@ -17,7 +17,7 @@ from launcher.mpi import ssh
 from launcher.mpi.detect import detect
 from launcher.mpi.hostfile import Host, parse_hostfile
 from launcher.mpi.plan import MpiFacts, MpiPlan, plan_mpi, split_mpirun_args
-from launcher.outcome import ConfigError, LauncherError, RootCause
+from launcher.outcome import ConfigError, LauncherError, Outcome, RootCause, terminated
 from launcher.report import deliver
 from launcher.settings import HostEnv, LauncherSettings, MpiSettings, Override
 from launcher.supervisor import Child, Interrupted, Supervisor
@@ -88,7 +88,9 @@ def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Ov
         log.info(f"mpi: {plan.impl.name} {plan.impl.major or ''} on {len(plan.hosts)} hosts, "
                  f"{plan.ranks if plan.ranks is not None else 'user-set'} ranks: {' '.join(plan.argv[:8])} ...",
                  plan=plan.to_json())
-        _wait(plan, launcher)
+        stopped = _wait(plan, launcher)
+        if stopped is not None:
+            return deliver(stopped.on_node(socket.gethostname()), termination_log)
         env = {**settings.environ(), **plan.env_set}
         outcome = supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause))
         return deliver(outcome, termination_log)
@@ -100,26 +102,17 @@ def _mount_source(mpi_overrides: dict[str, Override]) -> str:
     return settings.source_of(MpiSettings, "ssh_auth_mount_path", mpi_overrides) or "LAUNCHER_SSH_AUTH_MOUNT_PATH"
 
 
-def _wait(plan: MpiPlan, launcher: LauncherSettings) -> None:
+def _wait(plan: MpiPlan, launcher: LauncherSettings) -> Outcome | None:
+    """Wait for every worker's sshd; the outcome if a signal stopped us first."""
     if not plan.wait_hosts:
-        return
+        return None
     deadline = time.monotonic() + launcher.rendezvous_timeout
     with Supervisor() as supervisor:  # a SIGTERM while we wait ends the wait at once
         try:
             netwait.wait_until_hosts_accept(plan.wait_hosts, plan.ssh_port, deadline, supervisor.sleep, log.info)
         except Interrupted:
-            from launcher.outcome import terminated
-
-            raise _Stopped(terminated(supervisor.received_signal, launcher.retryable_exit_codes)) from None
-
-
-class _Stopped(LauncherError):
-    def __init__(self, outcome):
-        super().__init__(outcome.message)
-        self._outcome = outcome
-
-    def outcome(self):
-        return self._outcome
+            return terminated(supervisor.received_signal, launcher.retryable_exit_codes)
+    return None
 
 
 def root_cause(plan: MpiPlan, child: Child, cause: RootCause) -> RootCause:

@@ -192,3 +192,16 @@ def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, u
     finally:
         shutil.rmtree(mount, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_sigterm_while_waiting_for_workers_stops_at_once_with_143(mpi, tmp_path):
+    from conftest import wait_for
+
+    hostfile, keys = launcher_role(tmp_path, "tj-node-0-0.not-yet.invalid slots=1\n")
+    argv = launcher("mpi", "--mpirun", mpi["mpirun"], "--implementation", mpi["name"], "--hostfile", str(hostfile),
+                    "--ssh-auth-mount-path", str(keys), "--ssh-dir", str(tmp_path / "ssh"), "--", "python3", PROGRAM)
+    job = Job(argv, mpi["env"], tmp_path)
+    wait_for(lambda: "waiting for 1 of 1 hosts" in job.stderr, what="the launcher to wait for its worker")
+    job.signal(15)
+    assert job.wait(30) == 143
+    assert job.termination()["reason"] == "Terminated"
