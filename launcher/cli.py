@@ -7,7 +7,7 @@ import json
 import sys
 
 from launcher import __version__
-from launcher.knobs import KNOBS, MPI_KNOBS, Override
+from launcher.knobs import INIT_KNOBS, KNOBS, MPI_KNOBS, Override
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,6 +76,14 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--user", default="mpiuser", help="with --mpi: the unprivileged user sshd and mpirun run as")
     _add_knobs(local)
     _add_mpi_knobs(local)
+
+    init = commands.add_parser("init", help="dataset/model initializer: STORAGE_URI -> /workspace/{dataset,model}",
+                               usage="trainer-launcher init {dataset,model} [OPTIONS]")
+    init.add_argument("kind", choices=["dataset", "model"])
+    group = init.add_argument_group("initializer options (each also a LAUNCHER_INIT_* variable; flags win)")
+    for name, knob in INIT_KNOBS.items():
+        group.add_argument(knob.flag, dest=f"init_{name}", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+    _add_knobs(init)
     return parser
 
 
@@ -88,7 +96,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         at = argv.index("--")
         return argv[:at], argv[at + 1:]
-    i = 1
+    i = 2 if argv[:1] == ["init"] else 1  # init takes its kind (dataset/model) as a word
     while i < len(argv) and argv[i].startswith("-"):
         takes_value = argv[i] not in _SWITCHES and "=" not in argv[i]
         i += 2 if takes_value else 1
@@ -115,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.worker:
             return mpi_job.run_worker(overrides, mpi_overrides)
         return mpi_job.run_mpi(overrides, mpi_overrides, rest)
+    if args.command == "init":
+        from launcher.initializers.job import run_init
+
+        return run_init(args.kind, overrides, _overrides(args, INIT_KNOBS, "init_"))
     if args.command == "local" and args.mpi:
         from launcher.local_mpi import run_local_mpi
 

@@ -16,7 +16,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from launcher.knobs import KNOBS, MPI_KNOBS, Override
+from launcher.knobs import INIT_KNOBS, KNOBS, MPI_KNOBS, Override
 from launcher.outcome import DEFAULT_RETRYABLE_EXIT_CODES, ConfigError
 
 MAX_NODES = 100_000
@@ -201,6 +201,13 @@ def parse_output_path(raw: Any) -> str:
     return text
 
 
+def parse_url(raw: Any) -> str:
+    text = str(raw).strip()
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", text):
+        raise _Invalid("an http(s)://HOST[:PORT] URL")
+    return text
+
+
 def parse_regex(raw: Any) -> str:
     text = str(raw)
     try:
@@ -314,6 +321,43 @@ class MpiSettings(_Settings):
     abort_on_exception: Annotated[bool, NoDecode, _parsed(parse_bool)] = _mpi_knob("abort_on_exception", True)
 
 
+def _init_knob(name: str, default: Any, *also: str) -> Any:
+    knob = INIT_KNOBS[name]
+    return _field((knob.env, *also), default, knob.help, flag=knob.flag)
+
+
+def parse_patterns(raw: Any) -> tuple[str, ...]:
+    if isinstance(raw, tuple):
+        return raw
+    return tuple(item.strip() for item in str(raw).split(",") if item.strip())
+
+
+class InitSettings(_Settings):
+    """The initializer contract (upstream names, an empty string means unset) and our extras."""
+
+    storage_uri: str | None = _field("STORAGE_URI", None, "where to download from")
+    ignore_patterns: Annotated[tuple[str, ...] | None, NoDecode, _parsed(parse_patterns)] = _field(
+        "IGNORE_PATTERNS", None, "comma-separated globs to skip")
+    allow_patterns: Annotated[tuple[str, ...] | None, NoDecode, _parsed(parse_patterns)] = _field(
+        "ALLOW_PATTERNS", None, "comma-separated globs to fetch (all when unset)")
+    access_token: str | None = _field("ACCESS_TOKEN", None, "hf: token", secret=True)
+    endpoint: Annotated[str | None, NoDecode, _parsed(parse_url)] = _field("ENDPOINT", None, "s3: endpoint URL")
+    access_key_id: str | None = _field("ACCESS_KEY_ID", None, "s3: access key id", secret=True)
+    secret_access_key: str | None = _field("SECRET_ACCESS_KEY", None, "s3: secret access key", secret=True)
+    region: str = _field("REGION", "auto", "s3: region")
+    role_arn: str | None = _field("ROLE_ARN", None, "s3: role to assume")
+    output_path: str | None = _init_knob("output_path", None, "OUTPUT_PATH")
+    revision: str | None = _init_knob("revision", None)
+    concurrency: Annotated[int, NoDecode, _parsed(int_in(1, 256, "a number of parallel transfers"))] = _init_knob(
+        "concurrency", 8)
+    chunk_size: Annotated[int, NoDecode, _parsed(int_in(65536, 1 << 30, "a chunk size in bytes"))] = _init_knob(
+        "chunk_size", 8 << 20)
+    retries: Annotated[int, NoDecode, _parsed(int_in(0, 100, "a retry count"))] = _init_knob("retries", 6)
+    ranged_min: Annotated[int, NoDecode, _parsed(int_in(1 << 20, 1 << 50, "a size in bytes"))] = _init_knob(
+        "ranged_min", 64 << 20)
+    extract: Annotated[bool, NoDecode, _parsed(parse_bool)] = _init_knob("extract", False)
+
+
 class HostEnv(_Settings):
     """Variables about this host that planning needs (never validated strictly: they are facts)."""
 
@@ -361,7 +405,9 @@ def load(model: type[_Settings], overrides: dict[str, Override] | None = None) -
         field_name = _field_for(model, first["loc"][0] if first["loc"] else "")
         source = source_of(model, field_name, overrides) or field_name
         message = str(first.get("ctx", {}).get("error") or first["msg"])
-        raise ConfigError(source, raw_value(model, field_name, overrides), message.removeprefix("Value error, ")) from None
+        secret = bool((model.model_fields[field_name].json_schema_extra or {}).get("secret")) if field_name in model.model_fields else False
+        raise ConfigError(source, raw_value(model, field_name, overrides), message.removeprefix("Value error, "),
+                          secret=secret) from None
 
 
 def _field_for(model: type[_Settings], loc: Any) -> str:

@@ -115,3 +115,7 @@ def assert_one_line_naming(result: subprocess.CompletedProcess, names: str, valu
         shown = repr(value) if not value.strip() else value
         assert shown in line, f"bad value {shown!r} not repeated in {line!r}"
     return line
+
+
+# Real S3 (moto server), Hub and fault-proxy servers, as fixtures.
+from storage_servers import fault_proxy, hub_server, s3_server, s3_server_auth  # noqa: E402,F401

@@ -1,0 +1,113 @@
+"""``trainer-launcher init dataset|model``: STORAGE_URI -> the target directory, then an outcome."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tarfile
+import zipfile
+
+from launcher import log, settings
+from launcher.initializers.engine import Engine, PermanentError, Summary, TransientError, safe_destination, select
+from launcher.initializers.uri import StorageUri, parse_storage_uri
+from launcher.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, LauncherError, Outcome, terminated
+from launcher.report import deliver
+from launcher.settings import InitSettings, LauncherSettings, Override
+
+TARGETS = {"dataset": "/workspace/dataset", "model": "/workspace/model"}
+# Upstream's model initializer skips these weight formats unless IGNORE_PATTERNS says otherwise.
+MODEL_DEFAULT_IGNORE = ("*.msgpack", "*.h5", "*.bin", "*.pt", "*.pth")
+ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
+
+
+def run_init(kind: str, launcher_overrides: dict[str, Override], init_overrides: dict[str, Override]) -> int:
+    termination_log = None
+    try:
+        launcher = settings.load(LauncherSettings, launcher_overrides)
+        termination_log = launcher.termination_log
+        log.configure(launcher.log_format)
+        init = settings.load(InitSettings, init_overrides)
+        if not init.storage_uri:
+            raise ConfigError("STORAGE_URI", None, "where to download from: hf://OWNER/NAME, s3://BUCKET/PREFIX, file:///PATH or https://HOST/FILE")
+        uri = parse_storage_uri(init.storage_uri)
+        target = os.path.abspath(init.output_path or TARGETS[kind])
+        signal.signal(signal.SIGTERM, lambda *_: _stop(signal.SIGTERM, launcher, termination_log))
+        return deliver(_initialize(kind, uri, target, init), termination_log)
+    except LauncherError as error:
+        return deliver(error.outcome(), termination_log)
+
+
+def _stop(signum: int, launcher: LauncherSettings, termination_log: str | None) -> None:
+    """Partial files stay in the parts directory, to be resumed; nothing half-written is final."""
+    code = deliver(terminated(signum, launcher.retryable_exit_codes), termination_log)
+    os._exit(code)
+
+
+def _source(kind: str, uri: StorageUri, init: InitSettings):
+    from launcher.initializers import sources
+
+    if uri.scheme == "file":
+        return sources.FileSource(uri)
+    if uri.scheme in ("https", "http"):
+        return sources.HttpsSource(uri, uri.shown)
+    if uri.scheme == "s3":
+        return sources.S3Source(uri, init)
+    return sources.HubSource(uri, "dataset" if kind == "dataset" else "model", init.access_token, init.revision)
+
+
+def _initialize(kind: str, uri: StorageUri, target: str, init: InitSettings) -> Outcome:
+    ignore = init.ignore_patterns if init.ignore_patterns is not None else (MODEL_DEFAULT_IGNORE if kind == "model" else None)
+    try:
+        os.makedirs(target, exist_ok=True)
+        source = _source(kind, uri, init)
+        listed = source.list()
+        files = select(listed, init.allow_patterns, ignore)
+        log.info(f"init {kind}: {uri.shown} -> {target}: {len(files)} of {len(listed)} files, "
+                 f"{sum(f.size or 0 for f in files) / 1e6:.1f} MB")
+        summary = Engine(source, target, init.concurrency, init.chunk_size, init.retries, log.info,
+                         ranged_min=init.ranged_min).run(files)
+        if init.extract and uri.scheme in ("https", "http") and files and files[0].path.endswith(ARCHIVES):
+            extract(os.path.join(target, files[0].path), target)
+    except PermanentError as error:
+        return Outcome(CONFIG_ERROR, False, error.reason, f"{uri.shown}: {error}", extra={"uri": uri.shown})
+    except TransientError as error:
+        return Outcome(TRANSIENT, True, "StorageUnavailable", f"{uri.shown}: {error}", extra={"uri": uri.shown})
+    except OSError as error:
+        return Outcome(TRANSIENT, True, "LocalIOError", f"{target}: {error.strerror}", extra={"uri": uri.shown})
+    return Outcome(0, False, "Succeeded", _said(summary, uri, target), extra={"uri": uri.shown})
+
+
+def _said(summary: Summary, uri: StorageUri, target: str) -> str:
+    rate = summary.bytes_fetched / max(summary.seconds, 1e-6) / 1e6
+    resumed = f", resumed {summary.resumed_bytes / 1e6:.1f} MB" if summary.resumed_bytes else ""
+    return (f"{uri.shown} -> {target}: {summary.files} files, fetched {summary.fetched} "
+            f"({summary.bytes_fetched / 1e6:.1f} MB at {rate:.1f} MB/s{resumed}), "
+            f"{summary.skipped} already complete, in {summary.seconds:.1f}s")
+
+
+def _check_member(target: str, name: str) -> None:
+    relative = (name[2:] if name.startswith("./") else name).rstrip("/")
+    if relative and relative != ".":
+        safe_destination(target, relative)
+
+
+def extract(archive: str, target: str) -> None:
+    """Extract into ``target``, refusing members that are absolute, climb out with '..', or are
+    links or devices pointing outside it (nothing is written outside the target)."""
+    if archive.endswith(".zip"):
+        with zipfile.ZipFile(archive) as bundle:
+            for member in bundle.infolist():
+                if (member.external_attr >> 16) & 0o170000 == 0o120000:
+                    raise PermanentError(f"refusing the symlink member {member.filename!r}", "UnsafePath")
+                _check_member(target, member.filename)
+            bundle.extractall(target)
+        return
+    try:
+        with tarfile.open(archive) as bundle:
+            for member in bundle.getmembers():
+                _check_member(target, member.name)
+            bundle.extractall(target, filter="data")  # also refuses links and devices that escape
+    except tarfile.FilterError as error:
+        raise PermanentError(f"refusing archive member: {error}", "UnsafePath") from None
+    except tarfile.TarError as error:
+        raise PermanentError(f"{os.path.basename(archive)}: not a readable archive ({error})", "BadArchive") from None

@@ -1,0 +1,155 @@
+"""Initializer pieces that need no server: URIs, safe paths, patterns, archives, file:// copies."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+import zipfile
+
+import pytest
+
+from conftest import REPO, clean_env, launcher
+from launcher.initializers.engine import PermanentError, RemoteFile, safe_destination, select
+from launcher.initializers.job import extract
+from launcher.initializers.uri import parse_storage_uri, redact_uri
+from launcher.outcome import ConfigError
+
+
+@pytest.mark.parametrize(("uri", "scheme", "authority", "path"), [
+    ("hf://meta-llama/Llama-3.2-1B", "hf", "meta-llama", "Llama-3.2-1B"),
+    ("hf://org/data/sub/folder", "hf", "org", "data/sub/folder"),
+    ("s3://my-bucket/datasets/imagenet/", "s3", "my-bucket", "datasets/imagenet/"),
+    ("s3://my-bucket", "s3", "my-bucket", ""),
+    ("file:///mnt/pvc/data", "file", "", "/mnt/pvc/data"),
+    ("https://example.com/files/data.tar.gz", "https", "example.com", "files/data.tar.gz"),
+])
+def test_storage_uris_parse(uri, scheme, authority, path):
+    parsed = parse_storage_uri(uri)
+    assert (parsed.scheme, parsed.authority, parsed.path) == (scheme, authority, path)
+
+
+@pytest.mark.parametrize("uri", [
+    "", "no-scheme", "ftp://host/file", "hf://only-owner", "hf://a/../b", "s3://Bad_Bucket/x",
+    "file://relative/path", "https://host", "x" * 3000,
+])
+def test_bad_storage_uris_are_config_errors(uri):
+    with pytest.raises(ConfigError) as error:
+        parse_storage_uri(uri)
+    assert error.value.exit_code == 2 and "STORAGE_URI" in str(error.value)
+
+
+def test_signed_urls_and_credentials_are_redacted():
+    assert redact_uri("https://user:pw@host/f.tgz?X-Amz-Signature=abc") == "https://host/f.tgz"
+
+
+@pytest.mark.parametrize("hostile", ["../x", "/etc/x", "a/../../x", "a//b", ".trainer-launcher/manifest.json", "a\\..\\b", ""])
+def test_hostile_keys_are_refused(tmp_path, hostile):
+    with pytest.raises(PermanentError):
+        safe_destination(str(tmp_path), hostile)
+
+
+def test_a_symlinked_directory_that_leaves_the_target_is_refused(tmp_path):
+    (tmp_path / "target").mkdir()
+    os.symlink("/etc", tmp_path / "target" / "escape")
+    with pytest.raises(PermanentError):
+        safe_destination(str(tmp_path / "target"), "escape/passwd")
+
+
+def test_allow_and_ignore_patterns_match_paths_and_names():
+    files = [RemoteFile(p, 1) for p in ("config.json", "model.safetensors", "pytorch_model.bin", "sub/tok.model", "sub/x.pt")]
+    assert [f.path for f in select(files, None, ("*.bin", "*.pt"))] == ["config.json", "model.safetensors", "sub/tok.model"]
+    assert [f.path for f in select(files, ("*.json", "sub/*"), None)] == ["config.json", "sub/tok.model", "sub/x.pt"]
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w:gz") as bundle:
+        for info, data in members:
+            bundle.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def test_a_tarball_extracts_into_the_target(tmp_path):
+    info = tarfile.TarInfo("data/train.csv")
+    info.size = 3
+    _tar(tmp_path / "a.tgz", [(info, b"a,b")])
+    (tmp_path / "out").mkdir()
+    extract(str(tmp_path / "a.tgz"), str(tmp_path / "out"))
+    assert (tmp_path / "out" / "data" / "train.csv").read_bytes() == b"a,b"
+
+
+@pytest.mark.parametrize("member", ["../escape.txt", "/tmp/escape-abs.txt", "link"])
+def test_hostile_tar_members_are_refused_and_nothing_lands_outside(tmp_path, member):
+    info = tarfile.TarInfo(member)
+    data = b"evil"
+    if member == "link":
+        info.type, info.linkname, data = tarfile.SYMTYPE, "/etc/passwd", None
+    else:
+        info.size = 4
+    _tar(tmp_path / "evil.tgz", [(info, data)])
+    (tmp_path / "out").mkdir()
+    with pytest.raises(PermanentError):
+        extract(str(tmp_path / "evil.tgz"), str(tmp_path / "out"))
+    assert not (tmp_path / "escape.txt").exists()
+    assert not os.path.lexists(tmp_path / "out" / "link")
+
+
+def test_hostile_zip_members_are_refused(tmp_path):
+    with zipfile.ZipFile(tmp_path / "evil.zip", "w") as bundle:
+        bundle.writestr("../escape.txt", b"evil")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(PermanentError):
+        extract(str(tmp_path / "evil.zip"), str(tmp_path / "out"))
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def run_init(kind, env, *args):
+    return subprocess.run(launcher("init", kind, *args), env=clean_env(**env), cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_file_uri_copies_a_directory_and_a_rerun_is_a_no_op(tmp_path):
+    source = tmp_path / "pvc"
+    (source / "nested").mkdir(parents=True)
+    (source / "nested" / "weights.safetensors").write_bytes(os.urandom(300_000))
+    (source / "config.json").write_text("{}")
+    out = tmp_path / "out"
+    first = run_init("model", {"STORAGE_URI": f"file://{source}"}, "--output", str(out))
+    assert first.returncode == 0, first.stderr
+    assert (out / "nested" / "weights.safetensors").read_bytes() == (source / "nested" / "weights.safetensors").read_bytes()
+    manifest = json.loads((out / ".trainer-launcher" / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"config.json", "nested/weights.safetensors"}
+    again = run_init("model", {"STORAGE_URI": f"file://{source}"}, "--output", str(out))
+    assert again.returncode == 0 and "fetched 0" in again.stderr and "2 already complete" in again.stderr
+
+
+def test_the_model_initializer_keeps_upstreams_default_ignore_list(tmp_path):
+    source = tmp_path / "repo"
+    source.mkdir()
+    for name in ("model.safetensors", "pytorch_model.bin", "flax.msgpack", "config.json"):
+        (source / name).write_bytes(b"x")
+    out = tmp_path / "out"
+    assert run_init("model", {"STORAGE_URI": f"file://{source}"}, "--output", str(out)).returncode == 0
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["config.json", "model.safetensors"]
+
+
+def test_output_path_from_the_sdk_is_honoured(tmp_path):
+    source = tmp_path / "one.txt"
+    source.write_text("hello")
+    result = run_init("dataset", {"STORAGE_URI": f"file://{source}", "OUTPUT_PATH": str(tmp_path / "sdk")})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "sdk" / "one.txt").read_text() == "hello"
+
+
+@pytest.mark.parametrize(("env", "names"), [
+    ({}, "STORAGE_URI"),
+    ({"STORAGE_URI": "ftp://host/x"}, "STORAGE_URI"),
+    ({"STORAGE_URI": "file:///nonexistent/dir"}, "/nonexistent/dir"),
+    ({"STORAGE_URI": "s3://bucket/x", "ENDPOINT": "not a url"}, "ENDPOINT"),
+    ({"STORAGE_URI": "s3://bucket/x", "LAUNCHER_INIT_CONCURRENCY": "0"}, "LAUNCHER_INIT_CONCURRENCY"),
+])
+def test_bad_initializer_config_is_one_line_and_exit_2(tmp_path, env, names):
+    result = run_init("dataset", env, "--output", str(tmp_path / "out"))
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and names in errors[0] and "Traceback" not in result.stderr
