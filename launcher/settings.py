@@ -420,7 +420,8 @@ def _field_for(model: type[_Settings], loc: Any) -> str:
 def secret_values() -> list[str]:
     """Values of variables whose names say they are secret, to redact from any text we emit."""
     return sorted(
-        (v for k, v in os.environ.items() if _SECRET_NAME.search(k.upper()) and len(v) >= 4),
+        # Real secrets are long; redacting a 4-letter value like "test" would only mangle paths.
+        (v for k, v in os.environ.items() if _SECRET_NAME.search(k.upper()) and len(v) >= 8),
         key=len,
         reverse=True,
     )
