@@ -7,7 +7,7 @@ import json
 import sys
 
 from launcher import __version__
-from launcher.knobs import INIT_KNOBS, KNOBS, MPI_KNOBS, Override
+from launcher.knobs import INIT_KNOBS, KNOBS, MPI_KNOBS, SMOKE_KNOBS, Override
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,10 +84,18 @@ def _parser() -> argparse.ArgumentParser:
     for name, knob in INIT_KNOBS.items():
         group.add_argument(knob.flag, dest=f"init_{name}", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
     _add_knobs(init)
+
+    smoke = commands.add_parser("smoke", help="preflight this node: CPU/GPU, shm, disk, DNS, gloo/NCCL, thresholds",
+                                usage="trainer-launcher smoke [--json] [THRESHOLDS] [OPTIONS]")
+    smoke.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
+    group = smoke.add_argument_group("thresholds (each also a LAUNCHER_SMOKE_* variable; flags win)")
+    for name, knob in SMOKE_KNOBS.items():
+        group.add_argument(knob.flag, dest=f"smoke_{name}", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+    _add_knobs(smoke)
     return parser
 
 
-_SWITCHES = ("-h", "--help", "--version", "--worker")
+_SWITCHES = ("-h", "--help", "--version", "--worker", "--json")
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -123,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.worker:
             return mpi_job.run_worker(overrides, mpi_overrides)
         return mpi_job.run_mpi(overrides, mpi_overrides, rest)
+    if args.command == "smoke":
+        from launcher.smoke import run_smoke
+
+        return run_smoke(overrides, _overrides(args, SMOKE_KNOBS, "smoke_"), args.json)
     if args.command == "init":
         from launcher.initializers.job import run_init
 

@@ -16,7 +16,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from launcher.knobs import INIT_KNOBS, KNOBS, MPI_KNOBS, Override
+from launcher.knobs import INIT_KNOBS, KNOBS, MPI_KNOBS, SMOKE_KNOBS, Override
 from launcher.outcome import DEFAULT_RETRYABLE_EXIT_CODES, ConfigError
 
 MAX_NODES = 100_000
@@ -356,6 +356,32 @@ class InitSettings(_Settings):
     ranged_min: Annotated[int, NoDecode, _parsed(int_in(1 << 20, 1 << 50, "a size in bytes"))] = _init_knob(
         "ranged_min", 64 << 20)
     extract: Annotated[bool, NoDecode, _parsed(parse_bool)] = _init_knob("extract", False)
+
+
+def parse_positive(raw: Any) -> float:
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise _Invalid("a number >= 0") from None
+    if not 0 <= value < 1e9:
+        raise _Invalid("a number >= 0")
+    return value
+
+
+def _smoke_knob(name: str, default: float) -> Any:
+    knob = SMOKE_KNOBS[name]
+    return _field(knob.env, default, knob.help, flag=knob.flag)
+
+
+class SmokeSettings(_Settings):
+    """Thresholds of the preflight (each also a flag)."""
+
+    min_shm_gb: Annotated[float, NoDecode, _parsed(parse_positive)] = _smoke_knob("min_shm_gb", 1.0)
+    min_free_gb: Annotated[float, NoDecode, _parsed(parse_positive)] = _smoke_knob("min_free_gb", 10.0)
+    min_matmul_gflops: Annotated[float, NoDecode, _parsed(parse_positive)] = _smoke_knob("min_matmul_gflops", 1.0)
+    min_bf16_tflops: Annotated[float, NoDecode, _parsed(parse_positive)] = _smoke_knob("min_bf16_tflops", 100.0)
+    min_copy_gbps: Annotated[float, NoDecode, _parsed(parse_positive)] = _smoke_knob("min_copy_gbps", 500.0)
+    min_busbw_gbps: Annotated[float, NoDecode, _parsed(parse_positive)] = _smoke_knob("min_busbw_gbps", 10.0)
 
 
 class HostEnv(_Settings):

@@ -117,5 +117,18 @@ def assert_one_line_naming(result: subprocess.CompletedProcess, names: str, valu
     return line
 
 
+_ENTER_PRIVATE_NAMES = 'mount --bind "$0" /etc/hosts && mount --bind "$1" /etc/resolv.conf && shift && exec "$@"'
+
+
+def with_private_names(tmp_path: Path, argv: list[str]) -> tuple[list[str], Path]:
+    """``argv`` in a mount namespace with a private /etc/hosts (returned, to add names to) and a
+    resolv.conf pointing at loopback: no lookup of a made-up name ever leaves this machine."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _ENTER_PRIVATE_NAMES, str(hosts), str(resolv), *argv], hosts
+
+
 # Real S3 (moto server), Hub and fault-proxy servers, as fixtures.
 from storage_servers import fault_proxy, hub_server, s3_server, s3_server_auth  # noqa: E402,F401

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IS_ROOT, REPO, Job, clean_env, launcher
+from conftest import IS_ROOT, REPO, Job, clean_env, launcher, with_private_names
 
 PROGRAM = str(REPO / "tests" / "programs" / "mpi_ranks.py")
 IMPLEMENTATIONS = {
@@ -117,12 +117,13 @@ def launcher_role(tmp_path: Path, hostfile_text: str) -> tuple[Path, Path]:
     return hostfile, keys
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="needs root for a private resolver (unshare)")
 def test_a_host_that_never_resolves_is_retryable_138_naming_it(mpi, tmp_path):
     hostfile, keys = launcher_role(tmp_path, "tj-node-0-0.never-up.invalid slots=1\n")
     argv = launcher("mpi", "--mpirun", mpi["mpirun"], "--implementation", mpi["name"], "--hostfile", str(hostfile),
                     "--ssh-auth-mount-path", str(keys), "--ssh-dir", str(tmp_path / "ssh"),
                     "--rendezvous-timeout", "2", "--", "python3", PROGRAM)
-    job = Job(argv, mpi["env"], tmp_path)
+    job = Job(with_private_names(tmp_path, argv)[0], mpi["env"], tmp_path)
     assert job.wait(60) == 138, job.stderr
     message = job.termination()
     assert message["reason"] == "RendezvousTimeout" and message["retryable"] is True
@@ -194,13 +195,14 @@ def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, u
         shutil.rmtree(state, ignore_errors=True)
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="needs root for a private resolver (unshare)")
 def test_sigterm_while_waiting_for_workers_stops_at_once_with_143(mpi, tmp_path):
     from conftest import wait_for
 
     hostfile, keys = launcher_role(tmp_path, "tj-node-0-0.not-yet.invalid slots=1\n")
     argv = launcher("mpi", "--mpirun", mpi["mpirun"], "--implementation", mpi["name"], "--hostfile", str(hostfile),
                     "--ssh-auth-mount-path", str(keys), "--ssh-dir", str(tmp_path / "ssh"), "--", "python3", PROGRAM)
-    job = Job(argv, mpi["env"], tmp_path)
+    job = Job(with_private_names(tmp_path, argv)[0], mpi["env"], tmp_path)
     wait_for(lambda: "waiting for 1 of 1 hosts" in job.stderr, what="the launcher to wait for its worker")
     job.signal(15)
     assert job.wait(30) == 143

@@ -8,18 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import RANKS, Job, clean_env, free_port, launcher, needs_root, rank_reports, wait_for
-
-ENTER = 'mount --bind "$0" /etc/hosts && mount --bind "$1" /etc/resolv.conf && shift && exec "$@"'
-
-
-def with_private_names(tmp_path: Path, argv: list[str]) -> tuple[list[str], Path]:
-    hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.1 localhost\n")
-    resolv = tmp_path / "resolv.conf"
-    resolv.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", ENTER, str(hosts), str(resolv), *argv], hosts
-
+from conftest import RANKS, Job, clean_env, free_port, launcher, needs_root, rank_reports, wait_for, with_private_names
 
 @needs_root
 def test_a_master_name_that_resolves_late_still_starts_the_job(tmp_path, report_dir):
