@@ -959,7 +959,7 @@ def main() -> int:
                                  clean_env(LAUNCHER_TERMINATION_LOG=out + ".termination.json", STORAGE_URI=f"file://{src}")),
             "cp": lambda out: (["cp", "-r", src + "/.", out], clean_env()),
         }
-        local = [Method("ours", ours_label, f"STORAGE_URI=file://SRC python3 -m launcher init dataset --output DIR"),
+        local = [Method("ours", ours_label, "STORAGE_URI=file://SRC python3 -m launcher init dataset --output DIR"),
                  Method("cp", "cp -r", "cp -r SRC/. DIR")]
         for m in local:
             say(f"  {m.label:<10}: {m.shown}")
@@ -999,7 +999,7 @@ def main() -> int:
             port = free_port()
             hub = start_server("hub", [PY, "-c", HUB_SERVER, str(port), src, manifest_path], root, port)
             servers.append(hub)
-            say(f"  files >= 10 MiB are LFS (sha256 listed), the others plain git blobs (git sha1 listed)")
+            say("  files >= 10 MiB are LFS (sha256 listed), the others plain git blobs (git sha1 listed)")
 
             def hf_env(out: str) -> dict:
                 home = out + ".hf-home"  # a fresh cache per run: snapshot_download keeps a tree cache there

@@ -379,7 +379,7 @@ def summarize(hello: Measure | None, failure: Measure | None) -> list[list[str]]
     if hello is not None:
         lm, bm = median(values(hello.launcher)), median(values(hello.baseline))
         pm, vm = median(values(hello.plan)), median(values(hello.version))
-        say(f"  1. hello, wall")
+        say("  1. hello, wall")
         say(f"     launcher mpi     median {fmt(lm)} s   samples {samples(hello.launcher)}")
         say(f"     bare {os.path.basename(impl.mpirun):<11} median {fmt(bm)} s   samples {samples(hello.baseline)}")
         say(f"     launcher plan    median {fmt(pm)} s   samples {samples(hello.plan)}")
@@ -403,7 +403,7 @@ def summarize(hello: Measure | None, failure: Measure | None) -> list[list[str]]
         base = failure.baseline[0] if failure.baseline else None
         bm = base.value if base and base.value is not None else (FAIL_CAP if base and base.extra.get("capped") else None)
         bshown = "n/a" if base is None else (f">= {FAIL_CAP:.0f} (cap)" if base.extra.get("capped") else fmt(bm))
-        say(f"  2. failure: recorded failure (rank 1, exit 3) -> command exited")
+        say("  2. failure: recorded failure (rank 1, exit 3) -> command exited")
         say(f"     launcher mpi     median {fmt(lm)} s   samples {samples(failure.launcher)}")
         say(f"     bare (1 run)     {bshown} s")
         for r, what in ((1, "rank 1's own exit (its time.time() -> its pid gone)"),
@@ -557,7 +557,7 @@ def main() -> int:
     for impl, why in missing:
         say(f"\n== {impl.key}: {why} -> NOT MEASURED (counts as not met)")
         rows.append([impl.key, "(all)", "", "", "", "", "", f"**no** ({why})"])
-    say(f"\nprocesses of this benchmark still alive at the end (zombies count as gone): "
+    say("\nprocesses of this benchmark still alive at the end (zombies count as gone): "
         + (f"{leaked} (killed now)" if leaked else "none"))
     say("\n" + "=" * 100)
     say(f"\nMarkdown summary (medians in seconds; `{command}`, total {time.perf_counter() - started:.0f} s):\n")

@@ -5,26 +5,20 @@ from __future__ import annotations
 import socket
 from typing import Callable
 
-from launcher import log, settings
-from launcher.outcome import (
-    ConfigError, LauncherError, Outcome, RootCause, classify, evidence_regex, signal_name, success, terminated,
-)
-from launcher.report import deliver
+from launcher import settings
+from launcher.outcome import ConfigError, Outcome, RootCause, classify, evidence_regex, signal_name, success, terminated
+from launcher.report import run_command
 from launcher.settings import HostEnv, LauncherSettings, Override
 from launcher.supervisor import Child, Supervisor
 
 
 def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int:
-    termination_log = None
-    try:
-        launcher = settings.load(LauncherSettings, launcher_overrides)
-        termination_log = launcher.termination_log
-        log.configure(launcher.log_format)
+    def body(launcher: LauncherSettings) -> Outcome:
         if not command:
             raise ConfigError("CMD", None, "a command after the options: trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
-        return deliver(supervise(launcher, command), termination_log)
-    except LauncherError as error:
-        return deliver(error.outcome(), termination_log)
+        return supervise(launcher, command)
+
+    return run_command(launcher_overrides, body)
 
 
 RootCauseFinder = Callable[[Child, RootCause], RootCause]

@@ -19,8 +19,8 @@ import tempfile
 from dataclasses import dataclass
 
 from launcher import log, settings
-from launcher.outcome import PEER_LOSS_PATTERN, ConfigError, LauncherError, Outcome, classify, evidence_regex, success, terminated
-from launcher.report import deliver
+from launcher.outcome import PEER_LOSS_PATTERN, ConfigError, Outcome, classify, evidence_regex, success, terminated
+from launcher.report import run_command
 from launcher.settings import LauncherSettings, Override, parse_host
 from launcher.supervisor import Child, Supervisor
 
@@ -94,17 +94,13 @@ def run_local(
     master_port: str | None,
     isolation: str,
 ) -> int:
-    termination_log = None
-    try:
-        launcher = settings.load(LauncherSettings, launcher_overrides)
-        termination_log = launcher.termination_log
-        log.configure(launcher.log_format)
+    def body(launcher: LauncherSettings) -> Outcome:
         job = _job(nnodes, nproc_per_node, trainjob, master_port, isolation)
         if not rest:
             raise ConfigError("SCRIPT", None, "a training script: trainer-launcher local --nnodes N --nproc-per-node P -- SCRIPT [ARGS...]")
-        return deliver(_run(job, launcher, launcher_overrides, rest), termination_log)
-    except LauncherError as error:
-        return deliver(error.outcome(), termination_log)
+        return _run(job, launcher, launcher_overrides, rest)
+
+    return run_command(launcher_overrides, body)
 
 
 def _job(nnodes: str, nproc: str, trainjob: str, master_port: str | None, isolation: str) -> LocalJob:

@@ -20,9 +20,8 @@ import sys
 import tempfile
 
 from launcher import log, settings
-from launcher.local import node_prefix
-from launcher.outcome import ConfigError, LauncherError, Outcome, classify, success, terminated
-from launcher.report import deliver
+from launcher.outcome import ConfigError, Outcome, classify, success, terminated
+from launcher.report import run_command
 from launcher.settings import LauncherSettings, Override
 from launcher.supervisor import Supervisor
 
@@ -41,11 +40,7 @@ def worker_ip(index: int) -> str:
 
 def run_local_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override], rest: list[str],
                   implementation: str, nnodes: str, nproc: str, trainjob: str, user: str) -> int:
-    termination_log = None
-    try:
-        launcher = settings.load(LauncherSettings, launcher_overrides)
-        termination_log = launcher.termination_log
-        log.configure(launcher.log_format)
+    def body(launcher: LauncherSettings) -> Outcome:
         count = _count("--nnodes", nnodes, 1, 32)
         slots = _count("--nproc-per-node", nproc, 1, 256)
         if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
@@ -56,10 +51,9 @@ def run_local_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[s
             account = pwd.getpwnam(user)
         except KeyError:
             raise ConfigError("--user", user, "an existing unprivileged user to run sshd and mpirun as (e.g. mpiuser)") from None
-        return deliver(_run(launcher, launcher_overrides, mpi_overrides, rest, implementation, count, slots,
-                            trainjob, account), termination_log)
-    except LauncherError as error:
-        return deliver(error.outcome(), termination_log)
+        return _run(launcher, launcher_overrides, mpi_overrides, rest, implementation, count, slots, trainjob, account)
+
+    return run_command(launcher_overrides, body)
 
 
 def _count(flag: str, raw: str, low: int, high: int) -> int:

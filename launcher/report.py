@@ -5,11 +5,26 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from typing import Callable
+
 from launcher import log
-from launcher.outcome import Outcome
-from launcher.settings import redact
+from launcher.outcome import LauncherError, Outcome
+from launcher.settings import LauncherSettings, load, redact
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+
+
+def run_command(launcher_overrides: dict, body: Callable[[LauncherSettings], Outcome]) -> int:
+    """The frame of every subcommand: load the launcher's own knobs, run ``body``, deliver its
+    outcome, or the outcome of the launcher error that stopped it."""
+    termination_log = None
+    try:
+        launcher = load(LauncherSettings, launcher_overrides)
+        termination_log = launcher.termination_log
+        log.configure(launcher.log_format)
+        return deliver(body(launcher), termination_log)
+    except LauncherError as error:
+        return deliver(error.outcome(), termination_log)
 
 
 def deliver(outcome: Outcome, termination_log: str | None) -> int:

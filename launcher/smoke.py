@@ -12,11 +12,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from launcher import log, settings
+from launcher import settings
 from launcher.devices import probe_host
-from launcher.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, LauncherError, Outcome
-from launcher.report import deliver
-from launcher.settings import HostEnv, LauncherSettings, Override, SmokeSettings, TorchSettings
+from launcher.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome
+from launcher.report import run_command
+from launcher.settings import HostEnv, Override, SmokeSettings, TorchSettings
 
 
 @dataclass
@@ -107,23 +107,20 @@ def table(checks: list[Check]) -> str:
 
 
 def run_smoke(launcher_overrides: dict[str, Override], smoke_overrides: dict[str, Override], as_json: bool) -> int:
-    termination_log = None
-    try:
-        launcher = settings.load(LauncherSettings, launcher_overrides)
-        termination_log = launcher.termination_log
-        log.configure(launcher.log_format)
-        smoke = settings.load(SmokeSettings, smoke_overrides)
-        torch_settings = settings.load(TorchSettings)
-        host = probe_host(settings.load(HostEnv))
-        started = time.monotonic()
-        checks = run_checks(smoke, torch_settings, host)
-        outcome = outcome_of(checks).with_extra(checks=[asdict(c) for c in checks], node=host.hostname)
-        if as_json:
-            print(json.dumps({"node": host.hostname, "seconds": round(time.monotonic() - started, 2),
-                              "checks": [asdict(c) for c in checks], "exitCode": outcome.exit_code}, indent=2))
-        else:
-            print(table(checks))
-        sys.stdout.flush()
-        return deliver(outcome, termination_log)
-    except LauncherError as error:
-        return deliver(error.outcome(), termination_log)
+    return run_command(launcher_overrides, lambda launcher: _smoke(smoke_overrides, as_json))
+
+
+def _smoke(smoke_overrides: dict[str, Override], as_json: bool) -> Outcome:
+    smoke = settings.load(SmokeSettings, smoke_overrides)
+    torch_settings = settings.load(TorchSettings)
+    host = probe_host(settings.load(HostEnv))
+    started = time.monotonic()
+    checks = run_checks(smoke, torch_settings, host)
+    outcome = outcome_of(checks).with_extra(checks=[asdict(c) for c in checks], node=host.hostname)
+    if as_json:
+        print(json.dumps({"node": host.hostname, "seconds": round(time.monotonic() - started, 2),
+                          "checks": [asdict(c) for c in checks], "exitCode": outcome.exit_code}, indent=2))
+    else:
+        print(table(checks))
+    sys.stdout.flush()
+    return outcome

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import tarfile
 import io
-import time
 from pathlib import Path
 
 import pytest

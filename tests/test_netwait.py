@@ -6,7 +6,6 @@ mount namespace, so the test controls when a name starts to resolve without touc
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from conftest import RANKS, Job, clean_env, free_port, launcher, needs_root, rank_reports, wait_for, with_private_names
 

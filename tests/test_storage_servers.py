@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import os
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from storage_servers import fault_proxy, hub_server, multipart_etag, s3_server, s3_server_auth  # noqa: F401
+from storage_servers import multipart_etag  # the fixtures come from conftest
 
 MB = 1024 * 1024
 

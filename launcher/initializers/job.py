@@ -10,8 +10,8 @@ import zipfile
 from launcher import log, settings
 from launcher.initializers.engine import Engine, PermanentError, Summary, TransientError, safe_destination, select
 from launcher.initializers.uri import StorageUri, parse_storage_uri
-from launcher.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, LauncherError, Outcome, terminated
-from launcher.report import deliver
+from launcher.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome, terminated
+from launcher.report import deliver, run_command
 from launcher.settings import InitSettings, LauncherSettings, Override
 
 TARGETS = {"dataset": "/workspace/dataset", "model": "/workspace/model"}
@@ -21,25 +21,21 @@ ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
 
 
 def run_init(kind: str, launcher_overrides: dict[str, Override], init_overrides: dict[str, Override]) -> int:
-    termination_log = None
-    try:
-        launcher = settings.load(LauncherSettings, launcher_overrides)
-        termination_log = launcher.termination_log
-        log.configure(launcher.log_format)
+    def body(launcher: LauncherSettings) -> Outcome:
         init = settings.load(InitSettings, init_overrides)
         if not init.storage_uri:
             raise ConfigError("STORAGE_URI", None, "where to download from: hf://OWNER/NAME, s3://BUCKET/PREFIX, file:///PATH or https://HOST/FILE")
         uri = parse_storage_uri(init.storage_uri)
         target = os.path.abspath(init.output_path or TARGETS[kind])
-        signal.signal(signal.SIGTERM, lambda *_: _stop(signal.SIGTERM, launcher, termination_log))
-        return deliver(_initialize(kind, uri, target, init), termination_log)
-    except LauncherError as error:
-        return deliver(error.outcome(), termination_log)
+        signal.signal(signal.SIGTERM, lambda *_: _stop(signal.SIGTERM, launcher))
+        return _initialize(kind, uri, target, init)
+
+    return run_command(launcher_overrides, body)
 
 
-def _stop(signum: int, launcher: LauncherSettings, termination_log: str | None) -> None:
+def _stop(signum: int, launcher: LauncherSettings) -> None:
     """Partial files stay in the parts directory, to be resumed; nothing half-written is final."""
-    code = deliver(terminated(signum, launcher.retryable_exit_codes), termination_log)
+    code = deliver(terminated(signum, launcher.retryable_exit_codes), launcher.termination_log)
     os._exit(code)
 
 
