@@ -64,6 +64,9 @@ from importlib import metadata
 
 import psutil
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_torch import tail  # noqa: E402  (a script in the same folder)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 BUCKET = "bench-init"
@@ -462,15 +465,6 @@ class Method:
     label: str
     shown: str  # the command, for the reader
     runs: list[Run] = field(default_factory=list)
-
-
-def tail(path: str, lines: int = 6) -> str:
-    try:
-        with open(path, "rb") as handle:
-            text = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join("      | " + line for line in text.strip().splitlines()[-lines:])
 
 
 def result_line(path: str) -> str:

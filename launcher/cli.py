@@ -154,12 +154,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan_mpi(overrides: dict, mpi_overrides: dict, rest: list[str]) -> int:
+    from launcher import settings
     from launcher.mpi_job import make_plan
     from launcher.outcome import LauncherError
     from launcher.report import deliver
+    from launcher.settings import LauncherSettings
 
     try:
-        _, _, plan = make_plan(overrides, mpi_overrides, rest or ["PROGRAM"])
+        settings.load(LauncherSettings, overrides)
+        _, plan = make_plan(mpi_overrides, rest or ["PROGRAM"])
     except LauncherError as error:
         return deliver(error.outcome(), None)
     print(json.dumps(plan.to_json(), indent=2))

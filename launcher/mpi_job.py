@@ -18,7 +18,7 @@ from launcher.mpi.detect import detect
 from launcher.mpi.hostfile import Host, parse_hostfile
 from launcher.mpi.plan import MpiFacts, MpiPlan, plan_mpi, split_mpirun_args
 from launcher.outcome import ConfigError, LauncherError, Outcome, RootCause, terminated
-from launcher.report import deliver
+from launcher.report import run_command
 from launcher.settings import HostEnv, LauncherSettings, MpiSettings, Override
 from launcher.supervisor import Child, Interrupted, Supervisor
 
@@ -32,12 +32,6 @@ _FAILED_HOST = (
     re.compile(r"RUNNING AT (\S+)"),  # hydra's BAD TERMINATION banner
     re.compile(r"on node (\S+) exited on signal"),  # Open MPI
 )
-
-
-def load(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override]) -> tuple[LauncherSettings, MpiSettings]:
-    launcher = settings.load(LauncherSettings, launcher_overrides)
-    log.configure(launcher.log_format)
-    return launcher, settings.load(MpiSettings, mpi_overrides)
 
 
 def read_hosts(mpi: MpiSettings, mpi_overrides: dict[str, Override]) -> tuple[Host, ...]:
@@ -66,36 +60,37 @@ def facts(rest: list[str]) -> MpiFacts:
     )
 
 
-def make_plan(launcher_overrides, mpi_overrides, rest: list[str]) -> tuple[LauncherSettings, MpiSettings, MpiPlan]:
-    launcher, mpi = load(launcher_overrides, mpi_overrides)
+def make_plan(mpi_overrides: dict[str, Override], rest: list[str]) -> tuple[MpiSettings, MpiPlan]:
+    """Read the MPI settings and the hostfile, detect the MPI, plan the run."""
+    mpi = settings.load(MpiSettings, mpi_overrides)
     hosts = read_hosts(mpi, mpi_overrides)
     impl = detect(mpi.mpirun, mpi.implementation,
                   settings.source_of(MpiSettings, "mpirun", mpi_overrides) or "mpirun")
     sources = {"hostfile": settings.source_of(MpiSettings, "hostfile", mpi_overrides) or "default"}
     plan = plan_mpi(mpi, impl, hosts, rest, settings.environ(), facts(rest), sources)
-    return launcher, mpi, plan
+    return mpi, plan
 
 
 def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override], rest: list[str]) -> int:
-    termination_log = settings.raw_value(LauncherSettings, "termination_log", launcher_overrides)
-    try:
-        launcher, mpi, plan = make_plan(launcher_overrides, mpi_overrides, rest)
-        termination_log = launcher.termination_log
-        ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
-        ssh.write_private(plan.hostfile_path, plan.hostfile_text, 0o644)
-        ssh.write_private(plan.ssh_config_path, plan.ssh_config_text)
-        ssh.write_private(plan.ssh_wrapper_path, plan.ssh_wrapper_text, 0o700)
+    def body(launcher: LauncherSettings) -> Outcome:
+        try:
+            mpi, plan = make_plan(mpi_overrides, rest)
+            ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
+            ssh.write_private(plan.hostfile_path, plan.hostfile_text, 0o644)
+            ssh.write_private(plan.ssh_config_path, plan.ssh_config_text)
+            ssh.write_private(plan.ssh_wrapper_path, plan.ssh_wrapper_text, 0o700)
+        except LauncherError as error:
+            return error.outcome().on_node(socket.gethostname())
         log.info(f"mpi: {plan.impl.name} {plan.impl.major or ''} on {len(plan.hosts)} hosts, "
                  f"{plan.ranks if plan.ranks is not None else 'user-set'} ranks: {' '.join(plan.argv[:8])} ...",
                  plan=plan.to_json())
         stopped = _wait(plan, launcher)
         if stopped is not None:
-            return deliver(stopped.on_node(socket.gethostname()), termination_log)
+            return stopped.on_node(socket.gethostname())
         env = {**settings.environ(), **plan.env_set}
-        outcome = supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause))
-        return deliver(outcome, termination_log)
-    except LauncherError as error:
-        return deliver(error.outcome().on_node(socket.gethostname()), termination_log)
+        return supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause))
+
+    return run_command(launcher_overrides, body)
 
 
 def _mount_source(mpi_overrides: dict[str, Override]) -> str:
@@ -142,10 +137,8 @@ def _root_cause_from_output(child: Child, cause: RootCause) -> RootCause:
 
 
 def run_worker(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override]) -> int:
-    termination_log = settings.raw_value(LauncherSettings, "termination_log", launcher_overrides)
-    try:
-        launcher, mpi = load(launcher_overrides, mpi_overrides)
-        termination_log = launcher.termination_log
+    def body(launcher: LauncherSettings) -> Outcome:
+        mpi = settings.load(MpiSettings, mpi_overrides)
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
         ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
         config = os.path.join(mpi.ssh_dir, "sshd_config")
@@ -156,6 +149,6 @@ def run_worker(launcher_overrides: dict[str, Override], mpi_overrides: dict[str,
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation, root only
         log.info(f"mpi worker: sshd on port {mpi.ssh_port} as uid {os.getuid()} with keys from {mpi.ssh_auth_mount_path}")
-        return deliver(supervise(launcher, [sshd, "-D", "-e", "-f", config]), termination_log)
-    except LauncherError as error:
-        return deliver(error.outcome(), termination_log)
+        return supervise(launcher, [sshd, "-D", "-e", "-f", config])
+
+    return run_command(launcher_overrides, body)
