@@ -85,6 +85,14 @@ def _parser() -> argparse.ArgumentParser:
         group.add_argument(knob.flag, dest=f"init_{name}", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
     _add_knobs(init)
 
+    policy = commands.add_parser("policy", help="print the runtimes' Job/JobSet failure policy derived from the exit-code table, as JSON",
+                                 usage="trainer-launcher policy [--job NAME] [--max-restarts N] [--retryable-exit-codes CODES]")
+    policy.add_argument("--job", default="node", choices=["node", "launcher", "dataset-initializer", "model-initializer"],
+                        help="the replicated job (default node)")
+    policy.add_argument("--max-restarts", type=int, default=None, metavar="N", help="JobSet restarts for retryable failures")
+    knob = KNOBS["retryable_exit_codes"]
+    policy.add_argument(knob.flag, dest="retryable_exit_codes", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+
     smoke = commands.add_parser("smoke", help="preflight this node: CPU/GPU, shm, disk, DNS, gloo/NCCL, thresholds",
                                 usage="trainer-launcher smoke [--json] [THRESHOLDS] [OPTIONS]")
     smoke.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
@@ -148,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         from launcher.local import run_local
 
         return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation)
+    if args.command == "policy":
+        return _policy(overrides, args.job, args.max_restarts)
     if args.framework == "mpi":
         return _plan_mpi(overrides, _overrides(args, MPI_KNOBS, "mpi_"), rest)
     return _plan(overrides, rest)
@@ -185,4 +195,21 @@ def _plan(overrides: dict, rest: list[str]) -> int:
         "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
         "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
     }}, indent=2))
+    return 0
+
+
+def _policy(overrides: dict, job: str, max_restarts: int | None) -> int:
+    from launcher import failure_policy, settings
+    from launcher.outcome import ConfigError, LauncherError
+    from launcher.report import deliver
+    from launcher.settings import LauncherSettings
+
+    try:
+        launcher = settings.load(LauncherSettings, overrides)
+        if max_restarts is not None and max_restarts < 0:
+            raise ConfigError("--max-restarts", max_restarts, "a count of JobSet restarts, 0 or more")
+    except LauncherError as error:
+        return deliver(error.outcome(), None)
+    restarts = failure_policy.MAX_RESTARTS if max_restarts is None else max_restarts
+    print(json.dumps(failure_policy.policy(job, launcher.retryable_exit_codes, restarts), indent=2))
     return 0

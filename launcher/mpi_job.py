@@ -16,7 +16,7 @@ from launcher.exec_job import supervise
 from launcher.mpi import ssh
 from launcher.mpi.detect import detect
 from launcher.mpi.hostfile import Host, parse_hostfile
-from launcher.mpi.plan import MpiFacts, MpiPlan, plan_mpi, split_mpirun_args
+from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, plan_mpi, split_mpirun_args
 from launcher.outcome import ConfigError, LauncherError, Outcome, RootCause, terminated
 from launcher.report import run_command
 from launcher.settings import HostEnv, LauncherSettings, MpiSettings, Override
@@ -61,7 +61,10 @@ def facts(rest: list[str]) -> MpiFacts:
 
 
 def make_plan(mpi_overrides: dict[str, Override], rest: list[str]) -> tuple[MpiSettings, MpiPlan]:
-    """Read the MPI settings and the hostfile, detect the MPI, plan the run."""
+    """Read the MPI settings and the hostfile, detect the MPI, plan the run. A hostfile option in
+    the mpirun flags (the SDK's `mpirun --hostfile /etc/mpi/hostfile ...`) names the hostfile."""
+    if option := hostfile_option(split_mpirun_args(rest)[0]):
+        mpi_overrides = {**mpi_overrides, "hostfile": Override(option[1], f"mpirun {option[0]}")}
     mpi = settings.load(MpiSettings, mpi_overrides)
     hosts = read_hosts(mpi, mpi_overrides)
     impl = detect(mpi.mpirun, mpi.implementation,

@@ -25,6 +25,7 @@ from launcher.mpi.plan import (
     MpiPlan,
     abort_on_exception,
     exported_names,
+    hostfile_option,
     plan_mpi,
     split_mpirun_args,
 )
@@ -480,6 +481,19 @@ def test_wait_hosts_exclude_the_launchers_own_pod(ssh_dir, impl, hostname, waite
     assert plan.hosts == hosts  # the launcher's own pod still runs ranks
 
 
+@pytest.mark.parametrize("impl, own", [
+    pytest.param(OMPI5, "tj-node-0-0", id="openmpi5"), pytest.param(OMPI4, "tj-node-0-0", id="openmpi4"),
+    pytest.param(INTEL, N0, id="intel"), pytest.param(MPICH, N0, id="mpich"),
+])
+def test_the_launchers_own_pod_is_written_by_its_hostname_for_open_mpi(ssh_dir, impl, own):
+    # Open MPI takes the DNS name tj-node-0-0.tj for a remote host and would ssh to itself; hydra's
+    # remote proxies call back by the listed name, so it must stay resolvable.
+    hosts = (Host(N0, 2), Host(N1, 2))
+    plan = make_plan(impl, hosts, the_facts=facts(hostname="tj-node-0-0"))
+    assert [h.name for h in parse_hostfile(plan.hostfile_text, "rendered")] == [own, N1]
+    assert plan.hosts == hosts  # root causes still name the Trainer's hosts
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("flags, env, port", [
     pytest.param({}, {}, 2222, id="default"),
@@ -768,3 +782,26 @@ def test_plan_leaves_its_inputs_alone(ssh_dir):
     args = ["-np", "2", "python3", "x.py"]
     plan_mpi(mpi_settings(), OMPI5, UNIFORM, args, environ, facts())
     assert environ == PLAN_ENVIRON and args == ["-np", "2", "python3", "x.py"]
+
+
+# The SDK's command: `mpirun --hostfile /etc/mpi/hostfile PROGRAM` (through the image's shim)
+@pytest.mark.parametrize("flags, expected", [
+    (["--hostfile", "/etc/mpi/hostfile"], ("--hostfile", "/etc/mpi/hostfile")),
+    (["--hostfile=/etc/mpi/hostfile"], ("--hostfile", "/etc/mpi/hostfile")),
+    (["-np", "4", "-f", "/h1", "--mca", "btl", "tcp", "-machinefile", "/h2"], ("-machinefile", "/h2")),
+    (["-np", "4", "--mca", "btl", "tcp"], None),
+    (["-x", "--hostfile"], None),  # the value of -x, not an option
+])
+def test_hostfile_option(flags, expected):
+    assert hostfile_option(tuple(flags)) == expected
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_users_hostfile_option_gives_way_to_the_translated_copy(ssh_dir, impl):
+    plan = make_plan(impl, args=["--hostfile", "/etc/mpi/hostfile", "-x", "FOO", "bash", "-c", "python3 x.py"])
+    hostfile = str(ssh_dir / "hostfile")
+    assert "/etc/mpi/hostfile" not in plan.argv
+    assert sum(word in ("--hostfile", "-f") for word in plan.argv) == 1
+    assert hostfile in plan.argv
+    assert plan.argv[-3:] == ("bash", "-c", "python3 x.py")
+    assert ("-x", "FOO") in pairs(plan.argv)

