@@ -19,6 +19,7 @@ import glob
 import os
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,8 +55,9 @@ class Engine:
 
     def __init__(self, driver: str):
         self.driver = driver
-        # podman wants a runroot under 50 characters
-        self.storage = ["--root", str(STATE / driver), "--runroot", f"/run/tl-test-{driver}", "--storage-driver", driver]
+        # podman wants a runroot under 50 characters; one per storage directory
+        runroot = f"/run/tl-test-{zlib.crc32(str(STATE).encode()):08x}-{driver}"
+        self.storage = ["--root", str(STATE / driver), "--runroot", runroot, "--storage-driver", driver]
 
     def podman(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         return _run(["podman", *self.storage, *args], check, timeout)

@@ -33,6 +33,13 @@ def test_dockerfiles_lint_clean():
         assert result.returncode == 0, f"{dockerfile}:\n{result.stdout}{result.stderr}"
 
 
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="needs shellcheck (.ci/install-containers installs it)")
+def test_image_scripts_pass_shellcheck():
+    scripts = [*sorted((REPO / "images").glob("*.sh")), REPO / "images/shims/torchrun", REPO / "images/shims/mpirun"]
+    result = subprocess.run(["shellcheck", "--shell=sh", *map(str, scripts)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # fixtures: one engine, base, network and set of images per session
 # ---------------------------------------------------------------------------------------------
@@ -175,8 +182,8 @@ class MpiPods:
 
     LAUNCHER, WORKER = f"{TJ}-launcher-0-0", f"{TJ}-node-0-0"
 
-    def __init__(self, engine: containers.Engine, net: str, image: str, tmp_path: Path):
-        self.engine, self.image = engine, image
+    def __init__(self, engine: containers.Engine, net: str, impl: str, image: str, tmp_path: Path):
+        self.engine, self.impl, self.image = engine, impl, image
         self.launcher_ip, self.worker_ip = f"{containers.SUBNET}.2", f"{containers.SUBNET}.3"
         keys = tmp_path / "ssh-secret"  # the <tj>-mpi-ssh-auth Secret: read-only, 0640, fsGroup 1000
         keys.mkdir()
@@ -222,9 +229,7 @@ class MpiPods:
 
 @pytest.fixture
 def pods(engine, net, mpi_image, tmp_path):
-    impl, image = mpi_image
-    pods = MpiPods(engine, net, image, tmp_path)
-    pods.impl = impl
+    pods = MpiPods(engine, net, *mpi_image, tmp_path)
     yield pods
     pods.stop()
 
