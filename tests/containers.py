@@ -19,6 +19,7 @@ import glob
 import os
 import shutil
 import subprocess
+import warnings
 import zlib
 from pathlib import Path
 
@@ -116,7 +117,8 @@ def engine() -> Engine:
         make_base(overlay)
         overlay.run(BASE, "true", check=True, timeout=60)
         return overlay
-    except (RuntimeError, subprocess.TimeoutExpired):
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        warnings.warn(f"overlay storage unusable, falling back to vfs (slow: a full copy per container): {error}")
         vfs = Engine("vfs")
         make_base(vfs)
         return vfs
