@@ -79,6 +79,9 @@ CASES = [
       for var in ("LAUNCHER_MPI_HOSTFILE", "OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile",
                   "I_MPI_HYDRA_HOST_FILE", "HYDRA_HOST_FILE")),
     Case("hostfile-is-a-directory", plan("--hostfile", TMP), "--hostfile", TMP),
+    # the SDK's `mpirun --hostfile FILE ...`: mpirun's own option names the file
+    Case("mpirun-hostfile-missing", ("plan", "--framework", "mpi", *MPICH, "--", "--hostfile", f"{TMP}/nope",
+                                     "python3", "train.py"), "mpirun --hostfile", f"{TMP}/nope"),
     # --- what is in it -----------------------------------------------------------------------------
     hostfile_case("hostfile-empty", "empty", None, None),
     hostfile_case("hostfile-only-comments", "comments", None, None),
