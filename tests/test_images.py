@@ -173,6 +173,18 @@ def test_torch_image_is_the_dataset_initializer(engine, torch_image, tmp_path):
     assert (workspace / "dataset").stat().st_uid == 1000
 
 
+def test_a_base_whose_uid_1000_is_taken_gets_that_user_renamed(engine, tmp_path):
+    # Ubuntu 24.04 images, and so recent CUDA bases, ship the user `ubuntu` with uid 1000.
+    base = "localhost/trainer-launcher-test-base:uid-1000-taken"
+    (tmp_path / "Containerfile").write_text(f"FROM {containers.BASE}\nRUN useradd --uid 1000 --create-home ubuntu\n")
+    engine.buildah("bud", "--isolation", "chroot", "-t", base, str(tmp_path))
+    image = "localhost/trainer-launcher-mpi-uid-1000-taken:test"
+    engine.build("Dockerfile.mpi", image, {"BASE_IMAGE": base, "MPI": "mpich"})
+    result = engine.run(image, "-c", "id -un; id -gn; echo $HOME; test -f ~/.sshd_config && touch ~/x && echo ok; ls /home",
+                        options=["--entrypoint", "sh"])
+    assert result.stdout.split() == ["mpiuser", "mpiuser", "/home/mpiuser", "ok", "mpiuser"], result.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # the MPI images: a worker pod and a launcher pod (runLauncherAsNode), one rank each
 # ---------------------------------------------------------------------------------------------
