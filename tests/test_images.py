@@ -159,6 +159,19 @@ def test_sdk_torchrun_command_keeps_the_ranks_exit_code(engine, torch_image, tmp
     assert (message["rootCause"]["rank"], message["rootCause"]["exitCode"]) == (1, 3)
 
 
+@pytest.mark.parametrize("shm, code, failed", [
+    pytest.param([], 2, ["/dev/shm size"], id="a-pods-default-64MB-shm"),
+    pytest.param(["--shm-size", "2g"], 0, [], id="the-runtimes-memory-backed-shm"),
+])
+def test_smoke_in_the_torch_image_as_an_init_container_would_run_it(engine, torch_image, shm, code, failed):
+    result = engine.run(torch_image, "smoke", "--json", options=[
+        "--hostname", f"{TJ}-node-0-0", "--add-host", f"{TJ}-node-0-0.{TJ}:127.0.0.1", *trainer_env(1, 2, 0), *shm])
+    assert result.returncode == code, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert [c["name"] for c in report["checks"] if c["status"] == "fail"] == failed
+    assert {c["name"]: c["status"] for c in report["checks"]}["gloo all-reduce, 2 local ranks"] == "pass"
+
+
 def test_torch_image_is_the_dataset_initializer(engine, torch_image, tmp_path):
     source = tmp_path / "source"
     (source / "train").mkdir(parents=True)

@@ -401,6 +401,17 @@ def test_containers_and_ancestor_labels_are_where_trainer_looks(name):
     assert trainers == (["launcher"] if name in MPI else ["node"])
 
 
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_every_training_pod_gets_a_memory_backed_dev_shm(name):
+    # A pod's /dev/shm is 64 MB, which `trainer-launcher smoke` fails (tests/test_images.py shows it).
+    for rjob_name, rjob in replicated_jobs(DOCS[name]).items():
+        if rjob_name in INITIALIZERS:
+            continue
+        volumes = {v["name"]: v for v in pod_spec(rjob).get("volumes", [])}
+        mounts = {m["mountPath"]: m["name"] for m in only_container(rjob).get("volumeMounts", [])}
+        assert volumes[mounts["/dev/shm"]] == {"name": mounts["/dev/shm"], "emptyDir": {"medium": "Memory"}}
+
+
 def _parsed(command: list[str], trainjob_args: list[str]):
     assert command[0] == "trainer-launcher"
     head, rest = cli._split([*command[1:], *trainjob_args])
