@@ -10,7 +10,8 @@ Per implementation, runs interleaved across implementations and sides (round 1: 
 implementation's launcher, baseline, plan, --version; round 2: ...), median of --repeat:
 
 1. hello     wall time of a 2-rank job that imports mpi4py, does one allreduce and exits:
-             ``launcher mpi ... -- [--oversubscribe] hello.py`` (which runs ``python -m mpi4py``)
+             ``launcher mpi ... -- [--oversubscribe] hello.py`` (which runs ``python -m launcher.mpi.rank``,
+             mpi4py's runner plus a failure report to the launcher)
              vs bare ``<mpirun> -n 2 [--oversubscribe] python3 hello.py``. Side figures, for where
              the launcher's overhead comes from: ``python3 -m launcher plan --framework mpi ...``
              alone (it runs ``<mpirun> --version`` to detect the MPI), and ``<mpirun> --version``.
@@ -567,7 +568,7 @@ def main() -> int:
     for row in rows:
         say("| " + " | ".join(row) + " |")
     say(f"\nLauncher: `{PY} -m launcher mpi --implementation IMPL --mpirun MPIRUN --hostfile <localhost slots={NPROC}> "
-        f"--ssh-auth-mount-path <dummy keys> --ssh-dir <tmp> -- [--oversubscribe] PROGRAM` (runs `{PY} -m mpi4py PROGRAM`). "
+        f"--ssh-auth-mount-path <dummy keys> --ssh-dir <tmp> -- [--oversubscribe] PROGRAM` (runs `{PY} -m launcher.mpi.rank PROGRAM`). "
         f"Baseline: `MPIRUN -n {NPROC} [--oversubscribe] [--noprefix] {PY} PROGRAM` (--noprefix: Debian's Open MPI 4 only). "
         f"Plan: `{PY} -m launcher plan --framework mpi <same options> -- PROGRAM`. "
         f"Failure baseline: 1 run per implementation, capped at {FAIL_CAP:.0f} s; rank 0 sleeps 60 s. "

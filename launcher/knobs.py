@@ -71,7 +71,7 @@ MPI_KNOBS: dict[str, Knob] = {
         "comma-separated globs never exported, added to the built-in host-specific list"),
     "abort_on_exception": Knob(
         "LAUNCHER_MPI_ABORT_ON_EXCEPTION", "--abort-on-exception",
-        "run a Python program as 'python -m mpi4py' so one failing rank aborts the job (default 1)"),
+        "run a Python program under mpi4py's runner so one failing rank aborts the job and is named (default 1)"),
 }
 
 # The initializers' own knobs (trainer-launcher init dataset|model); the upstream variables

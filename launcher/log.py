@@ -20,12 +20,16 @@ def _emit(level: str, message: str, fields: dict) -> None:
                   "logger": "trainer-launcher", "msg": message, **fields}
         line = json.dumps(record, default=str)
     else:
-        line = f"trainer-launcher: {'error: ' if level == 'error' else ''}{message}"
+        line = f"trainer-launcher: {level + ': ' if level != 'info' else ''}{message}"
     print(line, file=sys.stderr, flush=True)
 
 
 def info(message: str, **fields) -> None:
     _emit("info", message, fields)
+
+
+def warning(message: str, **fields) -> None:
+    _emit("warning", message, fields)
 
 
 def error(message: str, **fields) -> None:

@@ -17,6 +17,8 @@ from launcher.mpi import ssh
 from launcher.mpi.detect import detect
 from launcher.mpi.hostfile import Host, parse_hostfile
 from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, plan_mpi, split_mpirun_args
+from launcher.mpi.rank import REPORT_ENV
+from launcher.mpi.reports import RankFailure, RankReports
 from launcher.outcome import ConfigError, LauncherError, Outcome, RootCause, terminated
 from launcher.report import run_command
 from launcher.settings import HostEnv, LauncherSettings, MpiSettings, Override
@@ -90,8 +92,7 @@ def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Ov
         stopped = _wait(plan, launcher)
         if stopped is not None:
             return stopped.on_node(socket.gethostname())
-        env = {**settings.environ(), **plan.env_set}
-        return supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause))
+        return _run(plan, launcher)
 
     return run_command(launcher_overrides, body)
 
@@ -113,9 +114,45 @@ def _wait(plan: MpiPlan, launcher: LauncherSettings) -> Outcome | None:
     return None
 
 
-def root_cause(plan: MpiPlan, child: Child, cause: RootCause) -> RootCause:
-    """The failing rank (and its host) from mpirun's output; where only the rank is named, its
-    host follows from the default by-slot placement of our -np over the hostfile."""
+def _run(plan: MpiPlan, launcher: LauncherSettings) -> Outcome:
+    """mpirun, supervised; with the ranks' failure reports, when they send them, naming the root cause."""
+    env = {**settings.environ(), **plan.env_set}
+    if not plan.rank_reports:
+        return supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause))
+    try:
+        reports = RankReports.towards(plan.wait_hosts, plan.ssh_port)
+    except OSError as error:
+        log.warning(f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
+                    "the failing rank is named from mpirun's output only")
+        return supervise(launcher, list(plan.argv), {REPORT_ENV: "", **env},
+                         lambda child, cause: root_cause(plan, child, cause))
+    with reports:
+        # First, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment on the
+        # way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end it.
+        outcome = supervise(launcher, list(plan.argv), {**reports.env, **env},
+                            lambda child, cause: root_cause(plan, child, cause, reports.received))
+        received = reports.received
+    return with_reported_error(outcome, received)
+
+
+def with_reported_error(outcome: Outcome, received: list[RankFailure]) -> Outcome:
+    """The root-cause rank's own words (its exception) and every rank that reported a failure."""
+    if not received or outcome.root_cause is None or outcome.root_cause.rank != received[0].rank:
+        return outcome
+    extra: dict = {"failedRanks": [report.rank for report in received]}
+    if received[0].error:
+        extra["error"] = received[0].error
+    return outcome.with_extra(**extra)
+
+
+def root_cause(plan: MpiPlan, child: Child, cause: RootCause, received: list[RankFailure] | None = None) -> RootCause:
+    """The failing rank and its host: from the first rank that reported its failure, else from
+    mpirun's output; where only the rank is named, its host follows from the default by-slot
+    placement of our -np over the hostfile."""
+    if received:
+        first = received[0]
+        return replace(cause, rank=first.rank, local_rank=first.local_rank, node=first.host,
+                       exit_code=first.exit_code if first.exit_code is not None else cause.exit_code)
     cause = _root_cause_from_output(child, cause)
     if cause.rank is not None and cause.node is None and plan.ranks is not None:
         first = 0

@@ -285,11 +285,20 @@ def test_sdk_mpirun_command_with_the_trainer_hostfile(pods):
     assert_one_rank_per_pod(pods, result)
 
 
-def test_mpi_failure_keeps_the_ranks_exit_code(pods):
+def test_mpi_failure_keeps_the_ranks_exit_code_and_names_the_rank(pods, tmp_path):
+    # The worker's rank reports its failure to the launcher pod over the pods' network, through
+    # the address of the launcher's interface that faces the worker.
+    termination = tmp_path / "termination-log"
+    termination.touch(mode=0o666)
+    termination.chmod(0o666)
     pods.start_worker()
     result = pods.launch("trainer-launcher", "mpi", "--", "python3", "/programs/mpi_ranks.py",
-                         env=("-e", "BEHAVIOUR=exit:3", "-e", "FAIL_RANK=1"))
-    assert result.returncode == 3, f"{result.stderr[-3000:]}\nworker:\n{pods.stop()}"
+                         env=("-e", "BEHAVIOUR=raise:loss is nan", "-e", "FAIL_RANK=1",
+                              "-v", f"{termination}:/dev/termination-log"))
+    assert result.returncode == 1, f"{result.stderr[-3000:]}\nworker:\n{pods.stop()}"
+    message = json.loads(termination.read_text())
+    assert (message["rootCause"]["rank"], message["rootCause"]["node"]) == (1, pods.WORKER)
+    assert message["error"] == "RuntimeError: loss is nan" and message["failedRanks"] == [1]
 
 
 def test_mpi_version_and_help_are_the_mpis_own(engine, mpi_image):

@@ -74,9 +74,9 @@ needs_cluster = pytest.mark.skipif(not IS_ROOT or not _user_exists("mpiuser") or
                                    reason="needs root, sshd and the user mpiuser (.ci/install-mpi)")
 
 
-def local_mpi(mpi, tmp_path, shared_dir, nnodes=2, nproc=2, **env) -> Job:
+def local_mpi(mpi, tmp_path, shared_dir, nnodes=2, nproc=2, program=("python3", PROGRAM), **env) -> Job:
     argv = launcher("local", "--mpi", mpi["name"], "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
-                    "--mpirun", mpi["mpirun"], "--grace-period", "3", "--", "python3", PROGRAM)
+                    "--mpirun", mpi["mpirun"], "--grace-period", "3", "--", *program)
     return Job(argv, {**mpi["env"], "REPORT_DIR": str(shared_dir), **env}, tmp_path)
 
 
@@ -97,13 +97,33 @@ def test_two_nodes_over_real_sshd_run_every_rank_on_the_workers_with_the_launche
 
 
 @needs_cluster
-def test_a_rank_that_exits_3_ends_the_whole_job_with_3_naming_rank_and_host(mpi, tmp_path, shared_dir):
-    job = local_mpi(mpi, tmp_path, shared_dir, nproc=1, BEHAVIOUR="exit:3", FAIL_RANK="1")
+@pytest.mark.parametrize("program", [(PROGRAM,), ("python3", PROGRAM)], ids=["script", "other-python"])
+def test_a_rank_that_exits_3_ends_the_whole_job_with_3_naming_rank_and_host(mpi, tmp_path, shared_dir, program):
+    job = local_mpi(mpi, tmp_path, shared_dir, nproc=1, program=program, BEHAVIOUR="exit:3", FAIL_RANK="1")
     assert job.wait(120) == 3, job.stderr  # the other rank sleeps 60 s: only an abort ends it sooner
     message = job.termination()
     assert message["exitCode"] == 3 and message["retryable"] is False
-    assert message["rootCause"]["rank"] == 1
+    if program == (PROGRAM,):
+        # The launcher's python runs the script through launcher.mpi.rank, which tells the
+        # launcher which rank failed before it aborts: named every time.
+        assert message["rootCause"]["rank"] == 1 and message["failedRanks"] == [1]
+        assert message["rootCause"]["node"].startswith("local-node-0-1")
+        assert "rank 1 on local-node-0-1" in job.stderr
+    # Another python runs it as `python -m mpi4py`: the rank comes from mpirun's "rank 1
+    # aborted" line when its output forwarding delivers it before the abort, not every time.
+
+
+@needs_cluster
+def test_a_rank_that_raises_is_named_with_its_exception(mpi, tmp_path, shared_dir):
+    job = local_mpi(mpi, tmp_path, shared_dir, nproc=2, program=(PROGRAM,), BEHAVIOUR="raise:loss is nan at step 7",
+                    FAIL_RANK="2")
+    assert job.wait(120) == 1, job.stderr
+    message = job.termination()
+    assert message["reason"] == "Failed" and message["retryable"] is False
+    assert message["rootCause"]["rank"] == 2 and message["rootCause"]["localRank"] == 0
     assert message["rootCause"]["node"].startswith("local-node-0-1")
+    assert message["error"] == "RuntimeError: loss is nan at step 7"
+    assert "Traceback" in job.stderr  # the rank's own traceback still reaches the log
 
 
 def launcher_role(tmp_path: Path, hostfile_text: str) -> tuple[Path, Path]:

@@ -247,6 +247,7 @@ def test_built_in_deny_list(name):
 # =============================================================================================
 
 MPI4PY = ("-m", "mpi4py")
+RANK = ("-m", "launcher.mpi.rank")  # python -m mpi4py, plus a failure report to the launcher
 ABORT_CASES = [
     pytest.param(("python3", "x.py"), ("python3", *MPI4PY, "x.py"), id="python3-script"),
     pytest.param(("python", "-u", "x.py"), ("python", "-u", *MPI4PY, "x.py"), id="python-u"),
@@ -256,8 +257,14 @@ ABORT_CASES = [
     pytest.param(("python3", "-m", "mpi4py", "x.py"), ("python3", "-m", "mpi4py", "x.py"), id="already-mpi4py"),
     pytest.param(("python3", "-u", "-m", "mpi4py", "x.py"), ("python3", "-u", "-m", "mpi4py", "x.py"),
                  id="already-mpi4py-after-u"),
-    pytest.param(("x.py", "a"), ("/usr/bin/python3", *MPI4PY, "x.py", "a"), id="bare-script"),
-    pytest.param(("./train.py",), ("/usr/bin/python3", *MPI4PY, "./train.py"), id="bare-script-path"),
+    pytest.param(("x.py", "a"), ("/usr/bin/python3", *RANK, "x.py", "a"), id="bare-script"),
+    pytest.param(("./train.py",), ("/usr/bin/python3", *RANK, "./train.py"), id="bare-script-path"),
+    # The launcher's own python (facts: /usr/bin/python3), or one beside it, can run launcher.mpi.rank.
+    pytest.param(("/usr/bin/python3", "x.py"), ("/usr/bin/python3", *RANK, "x.py"), id="launchers-python"),
+    pytest.param(("/usr/bin/python3.11", "-u", "x.py"), ("/usr/bin/python3.11", "-u", *RANK, "x.py"),
+                 id="python-beside-the-launchers"),
+    pytest.param(("/usr/bin/python3", "-m", "launcher.mpi.rank", "x.py"), ("/usr/bin/python3", *RANK, "x.py"),
+                 id="already-rank-runner"),
     pytest.param(("./a.out",), ("./a.out",), id="binary-unchanged"),
     pytest.param(("bash", "-c", "python x.py"), ("bash", "-c", "python x.py"), id="shell-unchanged"),
     pytest.param(("/opt/venv/bin/python3.11", "x.py"), ("/opt/venv/bin/python3.11", *MPI4PY, "x.py"), id="venv-python"),
@@ -805,3 +812,16 @@ def test_the_users_hostfile_option_gives_way_to_the_translated_copy(ssh_dir, imp
     assert hostfile in plan.argv
     assert plan.argv[-3:] == ("bash", "-c", "python3 x.py")
     assert ("-x", "FOO") in pairs(plan.argv)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("program, reports", [(("x.py",), True), (("python3", "x.py"), False)],
+                         ids=["launchers-python", "other-python"])
+def test_ranks_that_report_their_failures_get_the_report_address_exported(ssh_dir, impl, program, reports):
+    plan = make_plan(impl, args=list(program))
+    assert plan.rank_reports is reports
+    assert ("TRAINER_LAUNCHER_RANK_REPORT" in plan.exported) is reports
+    assert "TRAINER_LAUNCHER_RANK_REPORT" not in plan.env_set  # the listener's address comes at run time
+    exported = (pairs(plan.argv) if impl.flavor == "openmpi" else
+                [("-x", n) for n in plan.argv[plan.argv.index("-genvlist") + 1].split(",")])
+    assert (("-x", "TRAINER_LAUNCHER_RANK_REPORT") in exported) is reports

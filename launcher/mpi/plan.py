@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from launcher.mpi.detect import MpiImpl
 from launcher.mpi.hostfile import Host, render, uniform_slots
+from launcher.mpi.rank import MODULE as RANK_MODULE
+from launcher.mpi.rank import REPORT_ENV
 
 # Host-specific or launcher-internal variables: exporting them would give every rank the
 # launcher's identity, or confuse the MPI's own wiring.
@@ -59,6 +61,7 @@ class MpiPlan:
     wait_hosts: tuple[str, ...]  # must resolve and accept TCP on ssh_port
     ssh_port: int
     sources: dict[str, str] = field(default_factory=dict)
+    rank_reports: bool = False  # the ranks run launcher.mpi.rank: listen for their failure reports
 
     def to_json(self) -> dict:
         return {
@@ -71,6 +74,7 @@ class MpiPlan:
             "argv": list(self.argv),
             "env": {"set": self.env_set, "exported": list(self.exported)},
             "wait": {"hosts": list(self.wait_hosts), "port": self.ssh_port},
+            "rankReports": self.rank_reports,
             "sources": self.sources,
         }
 
@@ -117,20 +121,28 @@ def exported_names(environ: dict[str, str], allow: tuple[str, ...], deny: tuple[
 
 
 def abort_on_exception(program: tuple[str, ...], facts: MpiFacts) -> tuple[str, ...]:
-    """Run a Python program as ``python -m mpi4py`` so an uncaught exception (or sys.exit) in one
-    rank calls MPI_Abort and ends the whole job at once instead of leaving the others waiting."""
+    """Run a Python program so an uncaught exception (or sys.exit) in one rank calls MPI_Abort and
+    ends the whole job at once instead of leaving the others waiting: through launcher.mpi.rank
+    (which also reports the failing rank to the launcher) when the rank's python is the
+    launcher's own, else as ``python -m mpi4py``."""
     if not facts.has_mpi4py or not program:
         return program
     if program[0].endswith(".py"):
-        return (facts.python, "-m", "mpi4py", *program)
+        return (facts.python, "-m", RANK_MODULE, *program)
     if not _PYTHON.match(os.path.basename(program[0])):
         return program
     i = 1
     while i < len(program) and re.fullmatch(r"-[uBEsSIOqbd]+|-OO|-[XW].*", program[i]):
         i += 2 if program[i] in ("-X", "-W") else 1  # -X dev / -W error take the next word
-    if program[i:i + 2] == ("-m", "mpi4py"):
+    if program[i:i + 1] == ("-m",) and program[i + 1:i + 2] in (("mpi4py",), (RANK_MODULE,)):
         return program
-    return (*program[:i], "-m", "mpi4py", *program[i:])
+    ours = program[0] == facts.python or os.path.dirname(program[0]) == os.path.dirname(facts.python)
+    return (*program[:i], "-m", RANK_MODULE if ours else "mpi4py", *program[i:])
+
+
+def reports_to_launcher(program: tuple[str, ...]) -> bool:
+    """Whether the ranks run launcher.mpi.rank (and so report their failures)."""
+    return any(program[i:i + 2] == ("-m", RANK_MODULE) for i in range(len(program) - 1))
 
 
 def ssh_client_config(identity: str, port: int) -> str:
@@ -181,6 +193,9 @@ def plan_mpi(
     user_counts = bool(given & _RANK_COUNT)
     ranks = None if user_counts else sum(h.slots for h in hosts)
     exported = exported_names(environ, settings.export, settings.export_deny)
+    rank_reports = reports_to_launcher(program)
+    if rank_reports:  # its value, the listener's address, is set when the job starts
+        exported = tuple(sorted({*exported, REPORT_ENV}))
     env: dict[str, str] = {}
     argv: list[str] = [impl.launcher]
     if impl.flavor == "openmpi":
@@ -249,4 +264,5 @@ def plan_mpi(
         wait_hosts=tuple(h.name for h in hosts if h.name not in mine),
         ssh_port=settings.ssh_port,
         sources=sources or {},
+        rank_reports=rank_reports,
     )

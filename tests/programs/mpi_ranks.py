@@ -1,7 +1,8 @@
 """An MPI rank for the tests: reports who and where it is, and what it can see.
 
 REPORT_DIR  each rank writes <rank>.json (rank, size, hostname, JOB_ONLY value, allreduce)
-BEHAVIOUR   ok (default) | exit:<code> (on FAIL_RANK, after the allreduce)
+BEHAVIOUR   ok (default) | exit:<code> | raise:<message> (on FAIL_RANK, after the allreduce;
+            the other ranks sleep 60 s, so only an abort ends them sooner)
 """
 
 import json
@@ -23,9 +24,12 @@ if report_dir:
                    "library": MPI.Get_library_version().splitlines()[0]}, handle)
 print(f"rank {rank}/{size} on {socket.gethostname()}", flush=True)
 behaviour = os.environ.get("BEHAVIOUR", "ok")
-if behaviour.startswith("exit:"):
+if behaviour != "ok":
     if rank == int(os.environ.get("FAIL_RANK", "1")):
         time.sleep(0.5)
-        sys.exit(int(behaviour.split(":")[1]))
+        how, _, what = behaviour.partition(":")
+        if how == "raise":
+            raise RuntimeError(what)
+        sys.exit(int(what))
     time.sleep(60)
 comm.Barrier()

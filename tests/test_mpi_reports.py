@@ -1,0 +1,113 @@
+"""Rank failure reports: ``python -m launcher.mpi.rank`` as a real process, telling a real
+listener (``launcher.mpi.reports``) which rank failed and why. The multi-host runs, with every
+MPI, are in tests/test_mpi.py; these pin down what is and is not reported, and what the
+listener refuses."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, clean_env
+from launcher.mpi import rank
+from launcher.mpi.reports import RankFailure, RankReports, facing_address
+
+pytest.importorskip("mpi4py")
+
+
+@pytest.fixture
+def reports():
+    with RankReports(socket.AF_INET, "127.0.0.1") as listener:
+        yield listener
+
+
+def run_rank(tmp_path, reports: RankReports, body: str, **env) -> subprocess.CompletedProcess:
+    program = tmp_path / "train.py"
+    program.write_text(body)
+    return subprocess.run([sys.executable, "-m", "launcher.mpi.rank", str(program), "--lr", "0.1"],
+                          env=clean_env(**reports.env, **env), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_an_exception_is_reported_with_rank_host_and_message_before_the_rank_exits(tmp_path, reports):
+    result = run_rank(tmp_path, reports, "import sys\nassert sys.argv[1:] == ['--lr', '0.1']\n"
+                                         "raise ValueError('loss is nan')\n",
+                      OMPI_COMM_WORLD_RANK="5", OMPI_COMM_WORLD_LOCAL_RANK="1")
+    assert result.returncode == 1
+    assert "ValueError: loss is nan" in result.stderr  # the traceback still reaches the log
+    assert reports.received == [RankFailure(rank=5, host=socket.gethostname(), exit_code=1, local_rank=1,
+                                            error="ValueError: loss is nan")]
+
+
+@pytest.mark.parametrize("body, code, error", [
+    ("import sys\nsys.exit(3)\n", 3, None),
+    ("import sys\nsys.exit('out of disk')\n", 1, "out of disk"),
+], ids=["exit-code", "exit-message"])
+def test_a_failing_sys_exit_is_reported(tmp_path, reports, body, code, error):
+    result = run_rank(tmp_path, reports, body, PMI_RANK="2", MPI_LOCALRANKID="0")
+    assert result.returncode == code
+    assert reports.received == [RankFailure(rank=2, host=socket.gethostname(), exit_code=code, local_rank=0,
+                                            error=error)]
+
+
+@pytest.mark.parametrize("body", [
+    "print('done')\n",
+    "import sys\nsys.exit(0)\n",
+    "import sys\nsys.exit()\n",
+    "raise KeyboardInterrupt\n",  # mpirun tearing the job down for another rank's failure
+], ids=["success", "exit-0", "exit-none", "interrupted"])
+def test_nothing_is_reported_for_success_or_an_interrupt(tmp_path, reports, body):
+    run_rank(tmp_path, reports, body, PMI_RANK="0")
+    assert reports.received == []
+
+
+def test_without_a_listener_the_rank_still_fails_at_once(tmp_path):
+    with RankReports(socket.AF_INET, "127.0.0.1") as gone:
+        env = gone.env
+    program = tmp_path / "train.py"
+    program.write_text("raise RuntimeError('x')\n")
+    result = subprocess.run([sys.executable, "-m", "launcher.mpi.rank", str(program)],
+                            env=clean_env(**env, PMI_RANK="0"), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "RuntimeError: x" in result.stderr
+
+
+def test_reports_without_the_token_or_out_of_shape_are_ignored(reports):
+    address, port, token = reports.env[rank.REPORT_ENV].split("/")
+    for line in (b'{"token": "guess", "rank": 0, "exitCode": 1}\n', b"not json\n",
+                 '{"token": "\u00e9t\u00e9", "rank": 0}\n'.encode(),
+                 ('{"token": "%s", "rank": "zero"}\n' % token).encode(), b'["a list"]\n'):
+        with socket.create_connection((address, int(port)), timeout=5) as connection:
+            connection.sendall(line)
+            assert connection.recv(16) == b""  # closed without an answer
+    assert rank.report(1, None, f"{address}/{port}/wrong") is False
+    assert reports.received == []
+
+
+def test_reports_keep_their_arrival_order(monkeypatch, reports):
+    for number in (7, 3):
+        monkeypatch.setenv("PMI_RANK", str(number))
+        assert rank.report(1, f"rank {number}", reports.env[rank.REPORT_ENV]) is True
+    assert [r.rank for r in reports.received] == [7, 3]
+
+
+@pytest.mark.parametrize("target", ["", "10.0.0.1", "10.0.0.1/x/token", "a b c"])
+def test_a_missing_or_malformed_address_reports_nothing(target):
+    assert rank.report(1, None, target) is False
+
+
+def test_the_address_faces_the_workers_and_is_loopback_when_every_rank_is_here():
+    assert ipaddress.ip_address(facing_address(("localhost",), 2222)[1]).is_loopback
+    assert facing_address(("no-such-host.invalid",), 2222) == (socket.AF_INET, "127.0.0.1")
+    assert facing_address((), 2222) == (socket.AF_INET, "127.0.0.1")
+
+
+def test_the_rank_runner_imports_nothing_heavy():
+    code = ("import sys, launcher.mpi.rank; heavy = [m for m in ('launcher.settings', 'pydantic', 'mpi4py', 'torch') "
+            "if m in sys.modules]; print(heavy)")
+    result = subprocess.run([sys.executable, "-c", code], env=clean_env(), cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr
