@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""How often the termination message names the failing MPI rank, per implementation: the
+launcher's rank runner (``x.py`` runs as ``python -m launcher.mpi.rank``, which reports the
+failure to the launcher itself) against the baseline ``python -m mpi4py x.py`` (the launcher
+then reads the rank from mpirun's "rank N aborted" line, which races the abort).
+
+Run from the repository root, as root, after .ci/install-mpi:
+
+    python3 bench/bench_mpi_root_cause.py [--runs 16] [--parallel 4] [--burn 2] [--pods] [--only mpich,...]
+
+Each run is one failing job of bench/programs/mpi_fail.py (rank 1 exits 3, rank 0 sleeps 60 s):
+by default ``launcher mpi`` on one host (hostfile ``localhost slots=2``, no ssh, as
+bench/bench_mpi.py runs it); with --pods, ``launcher local --mpi IMPL --nnodes 2
+--nproc-per-node 1`` (two worker pods over real sshd, as tests/test_mpi.py runs them). Both
+sides use the same interpreter and environment; their runs are interleaved, --parallel at a
+time, while --burn busy loops load the CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_mpi import FAIL, IMPLS, NPROC, PY, REPO, Impl, impl_env  # noqa: E402  (a script in the same folder)
+
+SIDES = {
+    "launcher.mpi.rank": (FAIL,),
+    "python -m mpi4py": (PY, "-m", "mpi4py", FAIL),
+}
+JOB_TIMEOUT = 120.0
+
+
+def job_argv(impl: Impl, program: tuple[str, ...], work: str, pods: bool) -> list[str]:
+    if pods:
+        return [PY, "-m", "launcher", "local", "--mpi", impl.name, "--nnodes", "2", "--nproc-per-node", "1",
+                "--mpirun", impl.mpirun, "--grace-period", "3", "--", *program]
+    keys = os.path.join(work, "keys")
+    os.makedirs(keys)
+    for name in ("id_rsa", "authorized_keys"):  # never used: localhost runs without ssh
+        with open(os.path.join(keys, name), "w") as handle:
+            handle.write("dummy\n")
+    hostfile = os.path.join(work, "hostfile")
+    with open(hostfile, "w") as handle:
+        handle.write(f"localhost slots={NPROC}\n")
+    return [PY, "-m", "launcher", "mpi", "--implementation", impl.name, "--mpirun", impl.mpirun,
+            "--hostfile", hostfile, "--ssh-auth-mount-path", keys, "--ssh-dir", os.path.join(work, "ssh"),
+            "--", *impl.launcher_flags, *program]
+
+
+def run_once(impl: Impl, program: tuple[str, ...], root: str, pods: bool) -> tuple[int | None, int | None]:
+    """(exit code, rootCause.rank) of one failing job."""
+    work = tempfile.mkdtemp(dir=root)
+    os.chmod(work, 0o777)  # with --pods the ranks run as mpiuser
+    termination = os.path.join(work, "termination.json")
+    env = impl_env(impl, work, BENCH_DIR=work, LAUNCHER_TERMINATION_LOG=termination, PYTHONPATH=REPO)
+    try:
+        code = subprocess.run(job_argv(impl, program, work, pods), env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=JOB_TIMEOUT).returncode
+    except subprocess.TimeoutExpired:
+        return None, None
+    try:
+        with open(termination) as handle:
+            return code, (json.load(handle).get("rootCause") or {}).get("rank")
+    except (OSError, ValueError):
+        return code, None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=16, help="failing jobs per implementation and side (default 16)")
+    parser.add_argument("--parallel", type=int, default=4, help="jobs at a time (default 4)")
+    parser.add_argument("--burn", type=int, default=2, help="CPU busy loops while the jobs run (default 2)")
+    parser.add_argument("--pods", action="store_true", help="two worker pods over sshd (local --mpi) instead of localhost")
+    parser.add_argument("--only", default="", help="comma-separated implementations: " + ",".join(i.key for i in IMPLS))
+    args = parser.parse_args()
+    if args.pods and (os.geteuid() != 0 or not shutil.which("sshd")):
+        print("bench_mpi_root_cause: needs root and sshd (.ci/install-mpi)", file=sys.stderr)
+        return 2
+    only = set(filter(None, args.only.split(",")))
+    impls = [i for i in IMPLS if (not only or i.key in only) and os.path.exists(i.mpirun)]
+    print(f"command: python3 bench/bench_mpi_root_cause.py --runs {args.runs} --parallel {args.parallel} "
+          f"--burn {args.burn}{' --pods' if args.pods else ''}{' --only ' + args.only if args.only else ''}")
+    print(f"host: {os.cpu_count()} CPUs, {args.burn} busy loops, python {PY}")
+    burners = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(args.burn)]
+    root = tempfile.mkdtemp(prefix="bench-mpi-root-cause-")
+    os.chmod(root, 0o755)
+    rows = []
+    try:
+        for impl in impls:
+            jobs = [side for _ in range(args.runs) for side in SIDES]  # interleaved
+            started = time.monotonic()
+            with ThreadPoolExecutor(args.parallel) as pool:
+                results = list(pool.map(lambda side: (side, run_once(impl, SIDES[side], root, args.pods)), jobs))
+            named = {side: sum(1 for s, (_, rank) in results if s == side and rank == 1) for side in SIDES}
+            exits = {side: sorted({code for s, (code, _) in results if s == side}, key=str) for side in SIDES}
+            rows.append((impl.key, named, exits))
+            print(f"  {impl.key}: {len(jobs)} jobs in {time.monotonic() - started:.0f} s; rank named: "
+                  + ", ".join(f"{side} {named[side]}/{args.runs}" for side in SIDES)
+                  + "; exit codes: " + ", ".join(f"{side} {exits[side]}" for side in SIDES))
+    finally:
+        for burner in burners:
+            burner.kill()
+        shutil.rmtree(root, ignore_errors=True)
+    print("\n| implementation | rank named: launcher.mpi.rank | rank named: python -m mpi4py (baseline) | exit codes |")
+    print("|---|---:|---:|---|")
+    for key, named, exits in rows:
+        print(f"| {key} | {named['launcher.mpi.rank']}/{args.runs} | {named['python -m mpi4py']}/{args.runs} | "
+              f"{exits['launcher.mpi.rank']} / {exits['python -m mpi4py']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
