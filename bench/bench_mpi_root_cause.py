@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mpi import FAIL, IMPLS, NPROC, PY, REPO, Impl, impl_env  # noqa: E402  (a script in the same folder)
+from bench_mpi import FAIL, IMPLS, PY, REPO, Impl, impl_env, make_setup  # noqa: E402  (a script in the same folder)
 
 SIDES = {
     "launcher.mpi.rank": (FAIL,),
@@ -42,17 +42,8 @@ def job_argv(impl: Impl, program: tuple[str, ...], work: str, pods: bool) -> lis
     if pods:
         return [PY, "-m", "launcher", "local", "--mpi", impl.name, "--nnodes", "2", "--nproc-per-node", "1",
                 "--mpirun", impl.mpirun, "--grace-period", "3", "--", *program]
-    keys = os.path.join(work, "keys")
-    os.makedirs(keys)
-    for name in ("id_rsa", "authorized_keys"):  # never used: localhost runs without ssh
-        with open(os.path.join(keys, name), "w") as handle:
-            handle.write("dummy\n")
-    hostfile = os.path.join(work, "hostfile")
-    with open(hostfile, "w") as handle:
-        handle.write(f"localhost slots={NPROC}\n")
-    return [PY, "-m", "launcher", "mpi", "--implementation", impl.name, "--mpirun", impl.mpirun,
-            "--hostfile", hostfile, "--ssh-auth-mount-path", keys, "--ssh-dir", os.path.join(work, "ssh"),
-            "--", *impl.launcher_flags, *program]
+    setup = make_setup(impl, work)  # localhost slots=2, dummy keys, its own ssh dir
+    return [PY, "-m", "launcher", "mpi", *setup.options(), "--", *impl.launcher_flags, *program]
 
 
 def run_once(impl: Impl, program: tuple[str, ...], root: str, pods: bool) -> tuple[int | None, int | None]:

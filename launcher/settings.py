@@ -7,6 +7,7 @@ becomes one :class:`ConfigError` line: variable (or flag), value, expectation.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import re
@@ -16,7 +17,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from launcher.knobs import INIT_KNOBS, KNOBS, MPI_KNOBS, SMOKE_KNOBS, Override
+from launcher.knobs import INIT_KNOBS, KNOBS, MPI_KNOBS, SMOKE_KNOBS, Knob, Override
 from launcher.outcome import DEFAULT_RETRYABLE_EXIT_CODES, ConfigError
 
 MAX_NODES = 100_000
@@ -226,6 +227,18 @@ def _field(env: str | tuple[str, ...], default: Any, help: str, **extra: Any) ->
     return Field(default, validation_alias=alias, description=help, json_schema_extra={"env": names, **extra})
 
 
+def _from(table: dict[str, Knob], name: str, default: Any, *also: str) -> Any:
+    """The field of knob ``name`` in ``table`` (launcher.knobs); ``also``: older variable names."""
+    knob = table[name]
+    return _field((knob.env, *also), default, knob.help, flag=knob.flag)
+
+
+_knob = functools.partial(_from, KNOBS)
+_mpi_knob = functools.partial(_from, MPI_KNOBS)
+_init_knob = functools.partial(_from, INIT_KNOBS)
+_smoke_knob = functools.partial(_from, SMOKE_KNOBS)
+
+
 def _parsed(parse: Callable[[Any], Any]) -> Any:
     # NoDecode: values are our own formats (2:4, 130,137), never JSON.
     return BeforeValidator(parse)
@@ -241,10 +254,6 @@ class _Settings(BaseSettings):
         validate_default=False,
     )
 
-
-def _knob(name: str, default: Any) -> Any:
-    knob = KNOBS[name]
-    return _field(knob.env, default, knob.help, flag=knob.flag)
 
 
 class LauncherSettings(_Settings):
@@ -289,10 +298,6 @@ class TorchSettings(_Settings):
         "PET_STANDALONE", False, "single-node job with a private rendezvous")
 
 
-def _mpi_knob(name: str, default: Any, *also: str) -> Any:
-    knob = MPI_KNOBS[name]
-    return _field((knob.env, *also), default, knob.help, flag=knob.flag)
-
 
 def parse_globs(raw: Any) -> tuple[str, ...]:
     items = tuple(item.strip() for item in str(raw).split(",") if item.strip())
@@ -320,10 +325,6 @@ class MpiSettings(_Settings):
     export_deny: Annotated[tuple[str, ...], NoDecode, _parsed(parse_globs)] = _mpi_knob("export_deny", ())
     abort_on_exception: Annotated[bool, NoDecode, _parsed(parse_bool)] = _mpi_knob("abort_on_exception", True)
 
-
-def _init_knob(name: str, default: Any, *also: str) -> Any:
-    knob = INIT_KNOBS[name]
-    return _field((knob.env, *also), default, knob.help, flag=knob.flag)
 
 
 def parse_patterns(raw: Any) -> tuple[str, ...]:
@@ -367,10 +368,6 @@ def parse_positive(raw: Any) -> float:
         raise _Invalid("a number >= 0")
     return value
 
-
-def _smoke_knob(name: str, default: float) -> Any:
-    knob = SMOKE_KNOBS[name]
-    return _field(knob.env, default, knob.help, flag=knob.flag)
 
 
 class SmokeSettings(_Settings):

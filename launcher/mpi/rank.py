@@ -7,7 +7,9 @@ address in ``TRAINER_LAUNCHER_RANK_REPORT``, answered before the abort goes out.
 "rank N aborted" line travels through the MPI's output forwarding, which the abort itself races
 and sometimes loses; this report does not.
 
-Imports nothing from the launcher beyond this file, and mpi4py only when the program starts.
+Imports nothing from the launcher beyond this file, and mpi4py only when the program starts: it
+runs in every rank, so it reads its few variables from the environment itself rather than through
+launcher.settings (and pydantic).
 """
 
 from __future__ import annotations
@@ -36,8 +38,6 @@ def exit_status(exc: BaseException) -> int:
         if code is None:
             return 0
         return code if isinstance(code, int) else 1
-    if isinstance(exc, KeyboardInterrupt):
-        return 130
     return 1
 
 
@@ -85,10 +85,10 @@ def main() -> None:
 
     try:
         run.main()  # parses sys.argv like `python -m mpi4py`, arms MPI_Abort for a failure
+    except KeyboardInterrupt:
+        raise  # the MPI tearing the job down for someone else's failure: not ours to report
     except BaseException as exc:
-        status = exit_status(exc)
-        # A KeyboardInterrupt is the MPI tearing the job down for someone else's failure.
-        if status and not isinstance(exc, KeyboardInterrupt):
+        if status := exit_status(exc):
             report(status, describe(exc))
         raise
 
