@@ -18,10 +18,12 @@ rank, size = comm.Get_rank(), comm.Get_size()
 total = comm.allreduce(rank + 1)
 report_dir = os.environ.get("REPORT_DIR")
 if report_dir:
-    with open(os.path.join(report_dir, f"{rank}.json"), "w") as handle:
+    with open(os.path.join(report_dir, f".{rank}.json.tmp"), "w") as handle:
         json.dump({"rank": rank, "size": size, "hostname": socket.gethostname(),
                    "job_only": os.environ.get("JOB_ONLY"), "allreduce": total,
                    "library": MPI.Get_library_version().splitlines()[0]}, handle)
+    # the test polls for <rank>.json: it appears complete or not at all
+    os.replace(os.path.join(report_dir, f".{rank}.json.tmp"), os.path.join(report_dir, f"{rank}.json"))
 print(f"rank {rank}/{size} on {socket.gethostname()}", flush=True)
 behaviour = os.environ.get("BEHAVIOUR", "ok")
 if behaviour != "ok":

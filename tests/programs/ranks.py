@@ -25,7 +25,7 @@ dist.init_process_group("gloo")
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 if report_dir:
-    with open(os.path.join(report_dir, f"{rank}.json"), "w") as handle:
+    with open(os.path.join(report_dir, f".{rank}.json.tmp"), "w") as handle:
         json.dump({
             "rank": rank,
             "local_rank": int(os.environ["LOCAL_RANK"]),
@@ -37,6 +37,8 @@ if report_dir:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "hostname": os.uname().nodename,
         }, handle)
+    # the test polls for <rank>.json: it appears complete or not at all
+    os.replace(os.path.join(report_dir, f".{rank}.json.tmp"), os.path.join(report_dir, f"{rank}.json"))
 print(f"rank {rank} ready", flush=True)
 
 if behaviour in ("sleep", "usr1") or (rank != fail_rank and behaviour != "ok"):
