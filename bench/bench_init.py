@@ -65,7 +65,7 @@ from importlib import metadata
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_torch import tail  # noqa: E402  (a script in the same folder)
+from bench_torch import markdown_table, say, tail  # noqa: E402  (a script in the same folder)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -78,10 +78,6 @@ STATE_DIRS = (".trainer-launcher", ".cache")  # ours' manifest, huggingface_hub'
 GOAL_SPEEDUP = 1.5  # ours at least this much faster than upstream's loop (S3, cold)
 RERUN_MAX_S = 1.0  # a rerun on a complete target: near-instant (interpreter start + one listing)
 SERVER_BOUND = 0.85  # a server process busy this share of the wall time (of one core) is the limit
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
 
 
 # --- the upstream mirror and the other baselines: small programs run as `python3 -c` -----------
@@ -1141,10 +1137,7 @@ def main() -> int:
     say(f"\nMarkdown summary (medians of {args.repeat}, wall seconds of the whole command; "
         f"`{command}`, total {time.perf_counter() - started:.0f} s):\n")
     header = ["Measure", "Median s", "s + sync", "MB/s", "Time / ours", "Exit codes", "Goal", "Met"]
-    say("| " + " | ".join(header) + " |")
-    say("|" + "|".join(["---"] + ["---:"] * 4 + ["---"] * 3) + "|")
-    for r in rows:
-        say("| " + " | ".join(r) + " |")
+    markdown_table(header, rows, numeric=range(1, 5))
     say(f"\nData: {shape}, random bytes, one moto server ({', '.join(versions)}), loopback only; "
         f"{os.cpu_count()} CPUs. 'Time / ours' > 1 means ours is faster. 's + sync' adds the os.sync() run right after "
         f"each command (ours fsyncs every file itself; the others leave dirty pages). MB/s counts the data set over the "

@@ -48,7 +48,7 @@ from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_torch import (  # noqa: E402  (a script in the same folder)
-    Run, codes, fmt, median, pid_gone, rank_pids, ratio, say, scratch, start, values, wait_exit,
+    Run, codes, fmt, markdown_table, median, pid_gone, rank_pids, ratio, say, scratch, start, values, wait_exit,
 )
 from bench_torch import tail as _tail  # noqa: E402
 
@@ -563,10 +563,7 @@ def main() -> int:
     say("\n" + "=" * 100)
     say(f"\nMarkdown summary (medians in seconds; `{command}`, total {time.perf_counter() - started:.0f} s):\n")
     header = ["Implementation", "Measure", "Launcher", "Baseline", "Ratio", "Exit codes (L / B)", "Goal", "Met"]
-    say("| " + " | ".join(header) + " |")
-    say("|" + "|".join(["---", "---"] + ["---:"] * 3 + ["---"] * 3) + "|")
-    for row in rows:
-        say("| " + " | ".join(row) + " |")
+    markdown_table(header, rows, numeric=range(2, 5))
     say(f"\nLauncher: `{PY} -m launcher mpi --implementation IMPL --mpirun MPIRUN --hostfile <localhost slots={NPROC}> "
         f"--ssh-auth-mount-path <dummy keys> --ssh-dir <tmp> -- [--oversubscribe] PROGRAM` (runs `{PY} -m launcher.mpi.rank PROGRAM`). "
         f"Baseline: `MPIRUN -n {NPROC} [--oversubscribe] [--noprefix] {PY} PROGRAM` (--noprefix: Debian's Open MPI 4 only). "

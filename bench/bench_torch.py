@@ -57,6 +57,14 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
+def markdown_table(header: list[str], rows: list[list[str]], numeric: range) -> None:
+    """Print a Markdown table; the columns in `numeric` are right-aligned."""
+    say("| " + " | ".join(header) + " |")
+    say("|" + "|".join("---:" if i in numeric else "---" for i in range(len(header))) + "|")
+    for row in rows:
+        say("| " + " | ".join(row) + " |")
+
+
 # --- environments and command lines ----------------------------------------------------------------
 
 def clean_env() -> dict[str, str]:
@@ -618,10 +626,7 @@ def main() -> int:
     say("\n" + "=" * 100)
     say(f"\nMarkdown summary (medians in seconds; `{command}`, total {time.perf_counter() - started:.0f} s):\n")
     header = ["Measure", "Launcher", "Baseline", "Ratio", "Exit codes (L / B)", "Goal", "Met"]
-    say("| " + " | ".join(header) + " |")
-    say("|" + "|".join(["---"] + ["---:"] * 3 + ["---"] * 3) + "|")
-    for row in rows:
-        say("| " + " | ".join(row) + " |")
+    markdown_table(header, rows, numeric=range(1, 4))
     say(f"\nBaselines: 1, 3, 4 = `{PY} -m torch.distributed.run` with the plan's flags "
         f"(`--standalone --nnodes 1 --nproc-per-node {NPROC}`); 2 = `python3 -c pass`. "
         f"{os.cpu_count()} CPUs, OMP_NUM_THREADS=1 on both sides. "
