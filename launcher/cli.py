@@ -170,11 +170,12 @@ def _plan_mpi(overrides: dict, mpi_overrides: dict, rest: list[str]) -> int:
     from launcher.report import deliver
     from launcher.settings import LauncherSettings
 
+    launcher = None
     try:
-        settings.load(LauncherSettings, overrides)
+        launcher = settings.load(LauncherSettings, overrides)
         _, plan = make_plan(mpi_overrides, rest or ["PROGRAM"])
     except LauncherError as error:
-        return deliver(error.outcome(), None)
+        return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
     print(json.dumps(plan.to_json(), indent=2))
     return 0
 
@@ -186,11 +187,12 @@ def _plan(overrides: dict, rest: list[str]) -> int:
     from launcher.settings import LauncherSettings
     from launcher.torch_job import make_plan
 
+    launcher = None
     try:
         launcher = settings.load(LauncherSettings, overrides)
-        plan, _ = make_plan(rest, require_program=False)
+        plan, _ = make_plan(rest, require_program=False, launcher=launcher)
     except LauncherError as error:
-        return deliver(error.outcome(), None)
+        return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
     print(json.dumps({**plan.to_json(), "launcher": {
         "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
         "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
@@ -204,12 +206,13 @@ def _policy(overrides: dict, job: str, max_restarts: int | None) -> int:
     from launcher.report import deliver
     from launcher.settings import LauncherSettings
 
+    launcher = None
     try:
         launcher = settings.load(LauncherSettings, overrides)
         if max_restarts is not None and max_restarts < 0:
             raise ConfigError("--max-restarts", max_restarts, "a count of JobSet restarts, 0 or more")
     except LauncherError as error:
-        return deliver(error.outcome(), None)
+        return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
     restarts = failure_policy.MAX_RESTARTS if max_restarts is None else max_restarts
     print(json.dumps(failure_policy.policy(job, launcher.retryable_exit_codes, restarts), indent=2))
     return 0

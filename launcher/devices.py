@@ -1,7 +1,7 @@
-"""What this host can run: visible GPUs and the CPU quota, read from files, never from torch.
+"""What this host can run: visible accelerators and the CPU quota, read from files, never from torch.
 
-Every function takes its roots (``/dev``, ``/proc``, ``/sys/fs/cgroup``) as arguments so tests can
-point them at a fake tree; :func:`probe_host` reads the real ones.
+Every function takes its roots (``/dev``, ``/proc``, ``/sys``) as arguments so tests can point them
+at a fake tree; :func:`probe_host` reads the real ones.
 """
 
 from __future__ import annotations
@@ -14,6 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _NVIDIA_DEVICE = re.compile(r"^nvidia\d+$")
+_NEURON_DEVICE = re.compile(r"^neuron(\d+)$")
+_GAUDI_DEVICE = re.compile(r"^accel\d+$")  # the kernel's accel class: /dev/accel/accelN
+_GAUDI_LEGACY_DEVICE = re.compile(r"^hl\d+$")  # habanalabs drivers before the accel class
+
+
+@dataclass(frozen=True)
+class Accelerators:
+    """The accelerators of one kind this container can use; each takes one training process."""
+
+    kind: str  # singular, for messages: "NVIDIA GPU", "NVIDIA MIG device", "Neuron core", "Gaudi HPU"
+    count: int | None  # None: they are there, but how many processes they take is unknown
+    how: str  # what the count was read from
 
 
 @dataclass(frozen=True)
@@ -23,6 +35,15 @@ class HostFacts:
     cpu_quota: float | None  # cgroup limit in CPUs; None when unlimited
     cpu_affinity: int  # CPUs this process may run on
     omp_num_threads_set: bool
+    # Every visible accelerator, NVIDIA included; None: none (or, in hand-made facts, only gpu_count).
+    accelerators: Accelerators | None = None
+
+    @property
+    def accelerator(self) -> Accelerators | None:
+        """The visible accelerators, whatever the facts were built from."""
+        if self.accelerators is not None:
+            return self.accelerators
+        return Accelerators("NVIDIA GPU", self.gpu_count, "/dev/nvidiaN") if self.gpu_count else None
 
     @property
     def cpus(self) -> float:
@@ -45,15 +66,19 @@ def gpu_devices(dev_root: str | Path = "/dev") -> int:
         return 0
 
 
-def _visible_list(value: str) -> int:
-    """How many devices a CUDA_VISIBLE_DEVICES-style list names (CUDA stops at the first bad one)."""
-    count = 0
+def _visible_items(value: str) -> list[str]:
+    """The devices a CUDA_VISIBLE_DEVICES-style list names (CUDA stops at the first bad one)."""
+    items = []
     for item in value.split(","):
         item = item.strip()
-        if not item or item == "-1" or not (item.isdigit() or item.startswith(("GPU-", "MIG-"))):
+        if not item or item == "-1" or not (item.isdigit() or item.upper().startswith(("GPU-", "MIG-"))):
             break
-        count += 1
-    return count
+        items.append(item)
+    return items
+
+
+def _visible_list(value: str) -> int:
+    return len(_visible_items(value))
 
 
 def visible_gpu_count(
@@ -61,20 +86,104 @@ def visible_gpu_count(
     nvidia_visible_devices: str | None,
     dev_root: str | Path = "/dev",
 ) -> int:
-    """GPUs a rank could use. Device nodes are the ground truth (CUDA base images set
-    ``NVIDIA_VISIBLE_DEVICES=all`` on CPU nodes too); the variables can only narrow them."""
+    """CUDA devices a rank could use, MIG devices included. Device nodes are the ground truth
+    (CUDA base images set ``NVIDIA_VISIBLE_DEVICES=all`` on CPU nodes too); the variables can only
+    narrow them. A MIG device has no node of its own: the device plugin lists ``MIG-<uuid>`` in
+    NVIDIA_VISIBLE_DEVICES and the container gets its parent GPU's ``/dev/nvidiaN``, shared by
+    every slice of that GPU, so MIG entries count as listed."""
     count = gpu_devices(dev_root)
     if count == 0:
         return 0
     if nvidia_visible_devices is not None:
-        value = nvidia_visible_devices.strip().lower()
-        if value in ("", "none", "void"):
+        value = nvidia_visible_devices.strip()
+        if value.lower() in ("", "none", "void"):
             return 0
-        if value != "all":
-            count = min(count, _visible_list(value))
+        if value.lower() != "all":
+            items = _visible_items(value)
+            slices = sum(1 for item in items if item.upper().startswith("MIG-"))
+            count = min(count, len(items) - slices) + slices
     if cuda_visible_devices is not None:
         count = min(count, _visible_list(cuda_visible_devices))
     return count
+
+
+def nvidia_accelerators(cuda_visible_devices: str | None, nvidia_visible_devices: str | None,
+                        dev_root: str | Path = "/dev") -> Accelerators | None:
+    count = visible_gpu_count(cuda_visible_devices, nvidia_visible_devices, dev_root)
+    if not count:
+        return None
+    mig = any(item.upper().startswith("MIG-") for item in (nvidia_visible_devices or "").split(","))
+    return Accelerators("NVIDIA MIG device" if mig else "NVIDIA GPU", count,
+                        "NVIDIA_VISIBLE_DEVICES" if mig else "/dev/nvidiaN")
+
+
+def _indices(value: str) -> list[int] | None:
+    """``0,2``, ``0-3`` or ``1,4-5``: the indices named; None when it is not such a list."""
+    found: list[int] = []
+    for part in value.replace(" ", "").split(","):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            return None
+        found += range(int(low), int(high) + 1) if dash else [int(low)]
+    return found
+
+
+def neuron_accelerators(
+    visible_cores: str | None,
+    visible_devices: str | None,
+    logical_nc_config: str | None = None,
+    dev_root: str | Path = "/dev",
+    sys_root: str | Path = "/sys",
+) -> Accelerators | None:
+    """AWS Neuron cores (Trainium, Inferentia): one training process drives one core.
+
+    ``NEURON_RT_VISIBLE_CORES`` (``0-3``) names them when set. Otherwise each visible
+    ``/dev/neuronN`` device (narrowed by ``AWS_NEURON_VISIBLE_DEVICES``) contributes the
+    ``core_count`` the driver publishes in sysfs, divided by ``NEURON_LOGICAL_NC_CONFIG`` when that
+    fuses cores; a device whose count cannot be read makes the total unknown (None)."""
+    try:
+        devices = sorted(int(m[1]) for name in os.listdir(dev_root) if (m := _NEURON_DEVICE.match(name)))
+    except OSError:
+        devices = []
+    if not devices:
+        return None
+    if visible_cores and (cores := _indices(visible_cores)) is not None:
+        return Accelerators("Neuron core", len(cores), f"NEURON_RT_VISIBLE_CORES={visible_cores}")
+    if visible_devices and visible_devices.strip().lower() != "all" and (named := _indices(visible_devices)) is not None:
+        devices = [index for index in devices if index in named]
+        if not devices:
+            return None
+    counts = [_read(Path(sys_root) / "devices/virtual/neuron_device" / f"neuron{index}" / "core_count") for index in devices]
+    if not all(count and count.isdigit() for count in counts):
+        return Accelerators("Neuron core", None, f"{len(devices)} /dev/neuronN devices, core count unreadable")
+    fused = int(logical_nc_config) if logical_nc_config and logical_nc_config.strip().isdigit() and int(logical_nc_config) > 0 else 1
+    total = sum(int(count) for count in counts) // fused
+    return Accelerators("Neuron core", total, f"{len(devices)} /dev/neuronN devices x sysfs core_count"
+                                              + (f" / NEURON_LOGICAL_NC_CONFIG={fused}" if fused > 1 else ""))
+
+
+def gaudi_accelerators(visible_devices: str | None, dev_root: str | Path = "/dev") -> Accelerators | None:
+    """Intel Gaudi HPUs: ``/dev/accel/accelN`` (``/dev/hlN`` with older drivers), narrowed by
+    ``HABANA_VISIBLE_DEVICES`` (``all`` or indices). The accel class also serves other kinds of
+    accelerator; a training container that has such nodes and no Gaudi is not expected."""
+    root = Path(dev_root)
+    count = 0
+    for directory, pattern in ((root / "accel", _GAUDI_DEVICE), (root, _GAUDI_LEGACY_DEVICE)):
+        try:
+            count = count or sum(1 for name in os.listdir(directory) if pattern.match(name))
+        except OSError:
+            pass
+    if not count:
+        return None
+    how = "/dev/accel/accelN"
+    if visible_devices is not None:
+        value = visible_devices.strip().lower()
+        if value in ("", "none", "void"):
+            return None
+        if value != "all" and (named := _indices(value)) is not None:
+            count = min(count, len(named))
+            how = f"HABANA_VISIBLE_DEVICES={visible_devices}"
+    return Accelerators("Gaudi HPU", count, how)
 
 
 def _read(path: Path) -> str | None:
@@ -148,10 +257,15 @@ def cpu_affinity() -> int:
 
 def probe_host(host_env) -> HostFacts:
     """Read the real host. ``host_env`` is :class:`launcher.settings.HostEnv`."""
+    nvidia = nvidia_accelerators(host_env.cuda_visible_devices, host_env.nvidia_visible_devices)
     return HostFacts(
         hostname=host_env.hostname or socket.gethostname(),  # Kubernetes sets HOSTNAME to the pod name
-        gpu_count=visible_gpu_count(host_env.cuda_visible_devices, host_env.nvidia_visible_devices),
+        gpu_count=nvidia.count if nvidia else 0,
         cpu_quota=cgroup_cpu_quota(),
         cpu_affinity=cpu_affinity(),
         omp_num_threads_set=bool(host_env.omp_num_threads),
+        accelerators=nvidia
+        or neuron_accelerators(host_env.neuron_rt_visible_cores, host_env.aws_neuron_visible_devices,
+                               host_env.neuron_logical_nc_config)
+        or gaudi_accelerators(host_env.habana_visible_devices),
     )

@@ -39,6 +39,10 @@ KNOBS: dict[str, Knob] = {
         "LAUNCHER_RETRYABLE_PATTERN", "--retryable-pattern",
         "a regex: failures whose output matches it (or the built-in NCCL/ECC/Xid patterns) exit 138"),
     "log_format": Knob("LAUNCHER_LOG_FORMAT", "--log-format", "the launcher's own log lines: text or json"),
+    "keep_nproc": Knob(
+        "LAUNCHER_KEEP_NPROC", "--keep-nproc",
+        "1: run PET_NPROC_PER_NODE processes even when fewer accelerators are visible; "
+        "default 0: one process per visible accelerator"),
 }
 
 # The MPI launcher's and worker's knobs (trainer-launcher mpi, plan --framework mpi, local --mpi).

@@ -266,6 +266,7 @@ class LauncherSettings(_Settings):
         "retryable_exit_codes", DEFAULT_RETRYABLE_EXIT_CODES)
     retryable_pattern: Annotated[str | None, NoDecode, _parsed(parse_regex)] = _knob("retryable_pattern", None)
     log_format: Annotated[str, NoDecode, _parsed(parse_choice("text", "json"))] = _knob("log_format", "text")
+    keep_nproc: Annotated[bool, NoDecode, _parsed(parse_bool)] = _knob("keep_nproc", False)
 
 
 _backend = parse_choice("static", "c10d", "etcd", "etcd-v2")
@@ -392,6 +393,10 @@ class HostEnv(_Settings):
     omp_num_threads: str | None = Field(None, validation_alias="OMP_NUM_THREADS")
     hostname: str | None = Field(None, validation_alias="HOSTNAME")
     rank: str | None = Field(None, validation_alias="RANK")
+    neuron_rt_visible_cores: str | None = Field(None, validation_alias="NEURON_RT_VISIBLE_CORES")
+    aws_neuron_visible_devices: str | None = Field(None, validation_alias="AWS_NEURON_VISIBLE_DEVICES")
+    neuron_logical_nc_config: str | None = Field(None, validation_alias="NEURON_LOGICAL_NC_CONFIG")
+    habana_visible_devices: str | None = Field(None, validation_alias="HABANA_VISIBLE_DEVICES")
 
 
 # --- loading ------------------------------------------------------------------------------------

@@ -1,85 +1,70 @@
-"""Settings + host facts -> the torchrun command line. Pure: no I/O, no clock, no subprocess."""
+"""Settings + host facts + the user's torchrun words -> the torchrun command line.
+Pure: no I/O, no clock, no subprocess.
+
+Two rules shape the command line:
+
+- **The user's words win.** Every torchrun flag the user typed reaches torchrun with the value the
+  user typed (``auto``/``cpu``/``gpu`` for ``--nproc-per-node`` become a count, see
+  :func:`resolve_nproc`). The launcher fills in only flags the user did not type, from ``PET_*``.
+- **What torchrun would do, made explicit.** The rendezvous is chosen as torchrun chooses it (an
+  explicit ``--rdzv-backend`` is kept; static with ``--rdzv-endpoint`` uses that endpoint as the
+  master), except where torchrun could only hang: an elastic ``MIN:MAX`` node count with no backend
+  gets c10d on the master.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
+from launcher import torchrun_args
 from launcher.devices import HostFacts
+from launcher.knobs import Override
 from launcher.outcome import ConfigError
-from launcher.settings import Override, TorchSettings, split_host_port
+from launcher.settings import TorchSettings
+from launcher.torchrun_args import CommandLine, Given
 
 C10D_DEFAULT_PORT = 29400
+ETCD_DEFAULT_PORT = 2379
+MASTER_PORT_DEFAULT = 29500  # torchrun's --master-port default
+# torchrun's own --rdzv-id default: a plan that names no id means what torchrun means.
+DEFAULT_RDZV_ID = "none"
 
-# torchrun flags that set what TorchSettings holds: they override PET_* (torchrun's own order).
-_SETTING_FLAGS = {
-    "nnodes": ("--nnodes",),
-    "nproc_per_node": ("--nproc-per-node", "--nproc_per_node"),
-    "node_rank": ("--node-rank", "--node_rank"),
-    "master_addr": ("--master-addr", "--master_addr"),
-    "master_port": ("--master-port", "--master_port"),
-    "rdzv_backend": ("--rdzv-backend", "--rdzv_backend"),
-    "rdzv_endpoint": ("--rdzv-endpoint", "--rdzv_endpoint"),
-    "rdzv_id": ("--rdzv-id", "--rdzv_id"),
-    "rdzv_conf": ("--rdzv-conf", "--rdzv_conf"),
-    "max_restarts": ("--max-restarts", "--max_restarts"),
-    "standalone": ("--standalone",),
-}
-_FLAG_TO_SETTING = {flag: name for name, flags in _SETTING_FLAGS.items() for flag in flags}
-# torchrun options that take no value; every other option takes one.
-_SWITCHES = {
-    "--standalone", "--no-python", "--no_python", "-m", "--module", "--run-path", "--run_path",
-    "--virtual-local-rank", "--virtual_local_rank",
-}
-# Settings the plan consumes: removed from the child's environment so torchrun sees only the
-# explicit flags the plan prints.
-CONSUMED_ENV = (
-    "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
-    "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_MAX_RESTARTS",
-    "PET_STANDALONE",
-)
+# torchrun flags that set what TorchSettings holds; the launcher plans them (flags beat PET_*).
+OWNED = tuple(TorchSettings.model_fields)
+# The order a plan writes the flags it plans; the user's other flags follow in the user's order.
+_ORDER = ("standalone", "nnodes", "nproc_per_node", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
+          "rdzv_conf", "master_addr", "master_port", "max_restarts")
+assert set(_ORDER) == set(OWNED)
+# The variables behind the owned flags: removed from torchrun's environment, so it sees only the
+# flags the plan prints. torchrun's other PET_* variables stay and keep their meaning.
+CONSUMED_ENV = tuple(f"PET_{dest.upper()}" for dest in OWNED)
+# Trainer's master is <trainjob>-node-0-0.<trainjob>[.<domain>]: the TrainJob name is its head.
+_TRAINER_MASTER = re.compile(r"^(?P<trainjob>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-node-0-0(\.|$)")
 
 
 @dataclass(frozen=True)
 class TorchrunArgs:
     """What the user wrote after ``--``: torchrun flags, then the script and its arguments."""
 
-    overrides: dict[str, Override]  # flags that set a TorchSettings field
-    passthrough: tuple[str, ...]  # other torchrun flags, verbatim
-    program: tuple[str, ...]  # script (or module) and its arguments
+    given: dict[str, Given]  # every flag typed: dest -> value as typed, option matched
+    program: tuple[str, ...]  # script (or module, or executable) and its arguments
+
+    @property
+    def overrides(self) -> dict[str, Override]:
+        """The typed flags that set a TorchSettings field (they beat PET_*, as in torchrun)."""
+        return {dest: Override(typed.value, typed.option) for dest, typed in self.given.items() if dest in OWNED}
+
+    @property
+    def passthrough(self) -> tuple[str, ...]:
+        """The typed flags the launcher does not plan, as the plan writes them."""
+        return tuple(torchrun_args.render(self.given, [d for d in self.given if d not in OWNED]))
 
 
-def split_torchrun_args(args: list[str]) -> TorchrunArgs:
-    """Split ``[TORCHRUN FLAGS] SCRIPT [ARGS]`` the way torchrun's parser would."""
-    overrides: dict[str, Override] = {}
-    passthrough: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            i += 1
-            break
-        if not arg.startswith("-") or arg == "-":
-            break
-        flag, eq, inline = arg.partition("=")
-        if flag in _SWITCHES and not eq:
-            value: str | None = None
-            i += 1
-        elif eq:
-            value = inline
-            i += 1
-        else:
-            if i + 1 >= len(args):
-                raise ConfigError(flag, None, "a value after it")
-            value = args[i + 1]
-            i += 2
-        setting = _FLAG_TO_SETTING.get(flag)
-        if setting == "standalone":
-            overrides[setting] = Override(True if value is None else value, flag)
-        elif setting:
-            overrides[setting] = Override(value, flag)
-        else:
-            passthrough += [arg] if value is None or eq else [arg, value]
-    return TorchrunArgs(overrides, tuple(passthrough), tuple(args[i:]))
+def split_torchrun_args(args: list[str], require_program: bool = False) -> TorchrunArgs:
+    """Split ``[TORCHRUN FLAGS] SCRIPT [ARGS]`` exactly as torchrun's parser would."""
+    line: CommandLine = torchrun_args.read(args, require_program=require_program)
+    return TorchrunArgs(line.given, line.program)
 
 
 @dataclass(frozen=True)
@@ -88,9 +73,10 @@ class Wait:
 
     resolve: str | None = None  # a DNS name that must resolve
     connect: tuple[str, int] | None = None  # a host:port that must accept TCP
+    store: tuple[str, int] | None = None  # the rendezvous' TCPStore, which the nodes share
 
     def to_json(self) -> dict:
-        return {"resolve": self.resolve, "connect": f"{self.connect[0]}:{self.connect[1]}" if self.connect else None}
+        return {"resolve": self.resolve, "connect": _host_port(self.connect), "store": _host_port(self.store)}
 
 
 @dataclass(frozen=True)
@@ -105,6 +91,7 @@ class TorchPlan:
     env_unset: tuple[str, ...]
     wait: Wait
     sources: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # what the launcher changed that a user should hear about
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -121,14 +108,20 @@ class TorchPlan:
             "env": {"set": self.env_set, "unset": list(self.env_unset)},
             "wait": self.wait.to_json(),
             "sources": self.sources,
+            "warnings": list(self.warnings),
         }
 
 
 def resolve_nproc(requested: str | int, host: HostFacts, source: str) -> tuple[int, str]:
-    """``auto``/``gpu``/``cpu`` -> a process count, and how it was found."""
+    """``auto``/``gpu``/``cpu`` -> a process count, and how it was found. ``auto`` is one process
+    per visible accelerator (NVIDIA, MIG, Neuron core, Gaudi), else per CPU of the cgroup quota
+    (torchrun's ``cpu`` and CPU ``auto`` count every host CPU, quota or not)."""
     if isinstance(requested, int):
-        return requested, source if source.startswith(("PET_", "--")) else "default"
-    if requested in ("auto", "gpu") and host.gpu_count > 0:
+        return requested, source if source.startswith(("PET_", "-")) else "default"
+    accelerators = host.accelerator
+    if requested == "auto" and accelerators is not None and accelerators.count:
+        return accelerators.count, f"{source}=auto: {accelerators.count} visible {accelerators.kind}s ({accelerators.how})"
+    if requested == "gpu" and host.gpu_count > 0:
         return host.gpu_count, f"{source}={requested}: {host.gpu_count} visible GPUs"
     if requested == "gpu":
         raise ConfigError(source, requested, "at least one visible GPU (found no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them)")
@@ -136,22 +129,64 @@ def resolve_nproc(requested: str | int, host: HostFacts, source: str) -> tuple[i
     return host.whole_cpus, f"{source}={requested}: {how}"
 
 
+def fit_to_accelerators(nproc: int, source: str, host: HostFacts, keep: bool) -> tuple[int, str | None]:
+    """Trainer sets PET_NPROC_PER_NODE to the CPU request when no resource name contains "gpu"
+    (MIG slices, Neuron, Gaudi). One process per visible accelerator is then what the job means;
+    ``keep`` (LAUNCHER_KEEP_NPROC) keeps the number. Only the controller's variable is fitted: a
+    ``--nproc-per-node`` the user typed is taken as typed. Returns the count and a note, if any."""
+    accelerators = host.accelerator
+    if source != "PET_NPROC_PER_NODE" or accelerators is None:
+        return nproc, None
+    if accelerators.count is None:
+        return nproc, (f"PET_NPROC_PER_NODE={nproc} kept: {accelerators.kind}s are visible but could not be "
+                       f"counted ({accelerators.how})")
+    if nproc <= accelerators.count:
+        return nproc, None
+    if keep:
+        return nproc, (f"PET_NPROC_PER_NODE={nproc} kept although only {accelerators.count} {accelerators.kind}s "
+                       f"are visible (LAUNCHER_KEEP_NPROC)")
+    return accelerators.count, (
+        f"PET_NPROC_PER_NODE={nproc} but only {accelerators.count} {accelerators.kind}s are visible "
+        f"({accelerators.how}): one process per {accelerators.kind}; LAUNCHER_KEEP_NPROC=1 keeps {nproc}")
+
+
 def _name(sources: dict[str, str], field_name: str, env: str) -> str:
     return sources.get(field_name) or env
 
 
-def _stable_rdzv_id(master_addr: str) -> str:
-    """Trainer's master is ``<trainjob>-node-0-0.<trainjob>``: the TrainJob name is the part after
-    the first dot, the same on every node and every restart of the job. An IP address is used
-    whole."""
-    bare = master_addr.strip("[]")
-    if bare.replace(".", "").isdigit() or ":" in bare:
-        name = bare.replace(":", "-")
+def trainjob_rdzv_id(master_addr: str | None, source: str | None) -> tuple[str, str]:
+    """The c10d rendezvous id when none is given: the same on every node whatever each node calls
+    the master. Only Trainer's PET_MASTER_ADDR qualifies (identical in every pod), and only when it
+    has Trainer's shape, from which the TrainJob name is read; anything else gets torchrun's
+    default. An address a node was handed on its own command line never does: one node may be
+    given a name and another an IP for the same master."""
+    if source == "PET_MASTER_ADDR" and master_addr and (match := _TRAINER_MASTER.match(master_addr)):
+        return match["trainjob"], "the TrainJob name in PET_MASTER_ADDR"
+    return DEFAULT_RDZV_ID, "torchrun's default (no PET_RDZV_ID, and no Trainer PET_MASTER_ADDR to name the job)"
+
+
+def torch_endpoint(text: str, default_port: int | None) -> tuple[str, int | None]:
+    """``HOST[:PORT]`` split as torchrun's parse_rendezvous_endpoint splits it: a bracketed whole is
+    an IPv6 host; otherwise the text after the last colon is the port."""
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        host, port = text, None
     else:
-        head, _, rest = bare.partition(".")
-        name = rest.split(".")[0] if rest else head
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-.")
-    return cleaned[:128] or "trainer-launcher"
+        host, colon, port = text.rpartition(":")
+        if not colon:
+            host, port = text, None
+    bare = host[1:-1] if len(host) > 1 and host.startswith("[") and host.endswith("]") else host
+    if port is None:
+        return bare, default_port
+    return bare, int(port) if port.isdigit() else -1
+
+
+@dataclass(frozen=True)
+class _Rendezvous:
+    mode: str
+    fill: dict[str, str | bool]  # flags the launcher fills in (the user's typed ones still win)
+    wait: Wait
+    shown: dict[str, str]
 
 
 def plan_torch(
@@ -159,11 +194,14 @@ def plan_torch(
     host: HostFacts,
     run: TorchrunArgs,
     sources: dict[str, str],
+    keep_nproc: bool = False,
 ) -> TorchPlan:
     """``sources`` maps a setting to the flag or variable that gave it (absent: the default)."""
     min_nodes, max_nodes = torch.nnodes
     nnodes = str(min_nodes) if min_nodes == max_nodes else f"{min_nodes}:{max_nodes}"
-    nproc, nproc_source = resolve_nproc(torch.nproc_per_node, host, _name(sources, "nproc_per_node", "PET_NPROC_PER_NODE"))
+    nproc_name = sources.get("nproc_per_node", "default")
+    nproc, nproc_source = resolve_nproc(torch.nproc_per_node, host, nproc_name)
+    nproc, nproc_note = fit_to_accelerators(nproc, nproc_name if isinstance(torch.nproc_per_node, int) else "", host, keep_nproc)
     if torch.node_rank >= max_nodes:
         raise ConfigError(
             _name(sources, "node_rank", "PET_NODE_RANK"), str(torch.node_rank),
@@ -171,76 +209,137 @@ def plan_torch(
         )
     shown = {
         "nnodes": _name(sources, "nnodes", "default"),
-        "nproc_per_node": nproc_source,
+        "nproc_per_node": f"{nproc_source}; {nproc_note}" if nproc_note else nproc_source,
         "node_rank": _name(sources, "node_rank", "default"),
     }
-    rendezvous_asked = torch.rdzv_backend not in (None, "static") or torch.rdzv_endpoint is not None
-    elastic = min_nodes != max_nodes
-    args: list[str]
-    if torch.standalone or (max_nodes == 1 and torch.master_addr is None and not rendezvous_asked):
-        mode = "standalone"
-        args = ["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc)]
-        wait = Wait()
-        shown["mode"] = _name(sources, "standalone", "one node and no master address")
-    elif elastic or rendezvous_asked:
-        mode = torch.rdzv_backend if torch.rdzv_backend not in (None, "static") else "c10d"
-        endpoint = torch.rdzv_endpoint
-        if endpoint is None:
-            if torch.master_addr is None:
-                raise ConfigError(
-                    "PET_MASTER_ADDR", None,
-                    f"the master's address (or PET_RDZV_ENDPOINT) for {mode} rendezvous (nnodes {nnodes})",
-                )
-            endpoint = f"{_bracketed(torch.master_addr)}:{torch.master_port}"
-            shown["rdzv_endpoint"] = f"{_name(sources, 'master_addr', 'PET_MASTER_ADDR')}:{_name(sources, 'master_port', 'PET_MASTER_PORT')}"
-        else:
-            shown["rdzv_endpoint"] = _name(sources, "rdzv_endpoint", "PET_RDZV_ENDPOINT")
-        rdzv_host, rdzv_port = split_host_port(endpoint)
-        rdzv_port = rdzv_port or C10D_DEFAULT_PORT
-        rdzv_id = torch.rdzv_id or _stable_rdzv_id(rdzv_host if torch.master_addr is None else torch.master_addr)
-        shown["rdzv_id"] = _name(sources, "rdzv_id", "derived from the master address (the TrainJob name)")
-        # No --node-rank: the rendezvous assigns ranks (torchrun warns that it ignores it).
-        args = [
-            "--nnodes", nnodes, "--nproc-per-node", str(nproc),
-            "--rdzv-backend", mode, "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id,
-        ]
-        if torch.rdzv_conf:
-            args += ["--rdzv-conf", torch.rdzv_conf]
-        args += ["--max-restarts", str(torch.max_restarts or 0)]
-        wait = _wait_for(rdzv_host, rdzv_port, torch.node_rank)
-    else:
-        mode = "static"
-        if torch.master_addr is None:
-            raise ConfigError("PET_MASTER_ADDR", None, f"the rank-0 node's address for a {nnodes}-node job")
-        args = [
-            "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--node-rank", str(torch.node_rank),
-            "--rdzv-backend", "static", "--master-addr", torch.master_addr,
-            "--master-port", str(torch.master_port),
-        ]
-        if torch.max_restarts is not None:
-            args += ["--max-restarts", str(torch.max_restarts)]
-        wait = _wait_for(torch.master_addr, torch.master_port, torch.node_rank)
-        shown["master_addr"] = _name(sources, "master_addr", "PET_MASTER_ADDR")
-        shown["master_port"] = _name(sources, "master_port", "default")
+    rendezvous = _rendezvous(torch, sources, nnodes)
+    shown.update(rendezvous.shown)
+    fill: dict[str, str | bool] = {"nnodes": nnodes, "nproc_per_node": str(nproc), **rendezvous.fill}
+    if rendezvous.mode == "standalone":
+        fill["nnodes"] = "1"  # each node its own job: a standalone store never admits a second node
+    for dest in ("rdzv_id", "rdzv_conf", "max_restarts"):  # set anywhere: torchrun must still see them
+        value = getattr(torch, dest)
+        if value is not None:
+            fill[dest] = str(value)
+    typed = dict(run.given)
+    if "nproc_per_node" in typed:  # a count torchrun reads the same; auto/cpu/gpu resolved as above
+        typed["nproc_per_node"] = Given(str(nproc), typed["nproc_per_node"].option)
+    planned = {**fill, **{dest: t for dest, t in typed.items() if dest in OWNED}}
+    order = [dest for dest in _ORDER if dest in planned] + [dest for dest in typed if dest not in OWNED]
+    flags = tuple(torchrun_args.render({**planned, **typed}, order))
     if not run.program:
         raise ConfigError("SCRIPT", None, "a training script after the options: trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]")
+    program = tuple(torchrun_args.program_argv(run.program))
+    _check_reads_back(flags + program, typed, planned, run.program)
     env_set: dict[str, str] = {}
     if not host.omp_num_threads_set:
         # torchrun would set 1 for every rank; give each rank its share of the quota instead.
         env_set["OMP_NUM_THREADS"] = str(max(1, int(host.cpus // nproc)))
         shown["OMP_NUM_THREADS"] = f"{host.cpus:g} CPUs / {nproc} processes"
     return TorchPlan(
-        mode=mode,
-        nnodes=nnodes,
+        mode=rendezvous.mode,
+        nnodes=nnodes if rendezvous.mode != "standalone" or "nnodes" in typed else "1",
         nproc_per_node=nproc,
         node_rank=torch.node_rank,
-        torchrun_args=tuple(args) + run.passthrough,
+        torchrun_args=flags + program[: len(program) - len(run.program)],
         program=run.program,
         env_set=env_set,
         env_unset=CONSUMED_ENV,
-        wait=wait,
+        wait=rendezvous.wait,
         sources=shown,
+        warnings=(nproc_note,) if nproc_note else (),
     )
+
+
+def _rendezvous(torch: TorchSettings, sources: dict[str, str], nnodes: str) -> _Rendezvous:
+    """Which rendezvous, what the launcher fills in for it, and what to wait for."""
+    min_nodes, max_nodes = torch.nnodes
+    backend = torch.rdzv_backend
+    backend_source = _name(sources, "rdzv_backend", "PET_RDZV_BACKEND")
+    if torch.standalone:
+        return _Rendezvous("standalone", {"standalone": True}, Wait(),
+                           {"mode": _name(sources, "standalone", "PET_STANDALONE")})
+    if backend is None and min_nodes != max_nodes:
+        # torchrun's static default cannot admit a varying node count: it would wait for MAX.
+        return _dynamic("c10d", torch, sources, nnodes, "an elastic node count with no rendezvous backend given")
+    if backend in (None, "static"):
+        if max_nodes == 1 and torch.rdzv_endpoint is None and "master_port" not in sources:
+            # torchrun does the same: a private c10d store on a free port.
+            return _Rendezvous("standalone", {"standalone": True}, Wait(),
+                               {"mode": "one node and no master port or endpoint"})
+        return _static(torch, sources, nnodes, backend_source if backend else "default (torchrun's static rendezvous)")
+    return _dynamic(backend, torch, sources, nnodes, backend_source)
+
+
+def _static(torch: TorchSettings, sources: dict[str, str], nnodes: str, backend_source: str) -> _Rendezvous:
+    """torchrun's static rendezvous: node rank as given; the master is the endpoint when there is
+    one (torchrun reads it so), else master address and port."""
+    fill: dict[str, str | bool] = {"node_rank": str(torch.node_rank), "rdzv_backend": "static"}
+    shown = {"mode": backend_source}
+    if torch.rdzv_endpoint is not None:
+        endpoint_name = _name(sources, "rdzv_endpoint", "PET_RDZV_ENDPOINT")
+        host, port = torch_endpoint(torch.rdzv_endpoint, None)
+        if port is None:
+            raise ConfigError(endpoint_name, torch.rdzv_endpoint,
+                              "HOST:PORT: static rendezvous takes the master's port from the endpoint")
+        fill["rdzv_endpoint"] = torch.rdzv_endpoint
+        shown["master"] = f"{endpoint_name} (static: the endpoint is the master)"
+    else:
+        master = torch.master_addr
+        if master is None:
+            if torch.nnodes[1] > 1:
+                raise ConfigError("PET_MASTER_ADDR", None, f"the rank-0 node's address for a {nnodes}-node job")
+            master = "127.0.0.1"  # torchrun's default, and right on one node
+        host, port = torch_endpoint(_bracketed(master), torch.master_port)
+        fill["master_addr"] = master
+        fill["master_port"] = str(torch.master_port)
+        shown["master_addr"] = _name(sources, "master_addr", "default")
+        shown["master_port"] = _name(sources, "master_port", "default")
+    return _Rendezvous("static", fill, _wait_for(host, port, rank_zero_serves=torch.node_rank == 0, store=True), shown)
+
+
+def _dynamic(backend: str, torch: TorchSettings, sources: dict[str, str], nnodes: str, why: str) -> _Rendezvous:
+    """c10d, etcd: nodes meet at an endpoint under a shared id; the rendezvous assigns node ranks."""
+    shown = {"mode": why}
+    endpoint = torch.rdzv_endpoint
+    if endpoint is None:
+        if torch.master_addr is None:
+            raise ConfigError(
+                "PET_MASTER_ADDR", None,
+                f"the master's address (or PET_RDZV_ENDPOINT) for {backend} rendezvous (nnodes {nnodes})",
+            )
+        endpoint = f"{_bracketed(torch.master_addr)}:{torch.master_port}"
+        shown["rdzv_endpoint"] = f"{_name(sources, 'master_addr', 'PET_MASTER_ADDR')}:{_name(sources, 'master_port', 'default')}"
+    else:
+        shown["rdzv_endpoint"] = _name(sources, "rdzv_endpoint", "PET_RDZV_ENDPOINT")
+    if torch.rdzv_id is not None:
+        rdzv_id = torch.rdzv_id
+        shown["rdzv_id"] = _name(sources, "rdzv_id", "PET_RDZV_ID")
+    else:
+        rdzv_id, shown["rdzv_id"] = trainjob_rdzv_id(torch.master_addr, sources.get("master_addr"))
+    etcd = backend.startswith("etcd")
+    host, port = torch_endpoint(endpoint, ETCD_DEFAULT_PORT if etcd else C10D_DEFAULT_PORT)
+    fill: dict[str, str | bool] = {"rdzv_backend": backend, "rdzv_endpoint": endpoint, "rdzv_id": rdzv_id}
+    # c10d: the node whose address is the endpoint serves the store (rank 0 under Trainer);
+    # etcd is a server of its own that every node needs.
+    return _Rendezvous(backend, fill, _wait_for(host, port, rank_zero_serves=torch.node_rank == 0 and not etcd,
+                                                store=backend == "c10d"), shown)
+
+
+def _check_reads_back(argv: tuple[str, ...], typed: dict[str, Given], planned: dict, program: tuple[str, ...]) -> None:
+    """torchrun must read from the plan what the user and the plan meant; argparse has quirks
+    (``--`` handling changed between Python versions), so the plan is read back to be sure."""
+    line = torchrun_args.read(list(argv))
+    values = {dest: str(t.value) for dest, t in line.given.items()}
+    meant = {dest: str(v.value if isinstance(v, Given) else v) for dest, v in {**planned, **typed}.items()
+             if not (v is False)}
+    if line.program != program or values != meant:
+        raise ConfigError("torchrun flags", " ".join(argv),
+                          "a command line torchrun reads back unchanged (please report this as a bug)")
+
+
+def _host_port(address: tuple[str, int] | None) -> str | None:
+    return f"{_bracketed(address[0])}:{address[1]}" if address else None
 
 
 def _bracketed(host: str) -> str:
@@ -248,7 +347,8 @@ def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _wait_for(host: str, port: int, node_rank: int) -> Wait:
-    bare = host[1:-1] if host.startswith("[") else host
-    # Rank 0 serves the port itself; the others need it up before torchrun dials it.
-    return Wait(resolve=bare, connect=(bare, port) if node_rank > 0 else None)
+def _wait_for(host: str, port: int | None, rank_zero_serves: bool, store: bool = False) -> Wait:
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    # The serving node opens the port itself; the others need it up before torchrun dials it.
+    return Wait(resolve=bare, connect=None if rank_zero_serves or port is None else (bare, port),
+                store=(bare, port) if store and port is not None else None)

@@ -142,6 +142,18 @@ CASES = [
     Case("torchrun-rdzv-endpoint", plan("--rdzv-endpoint", "host:70000"), {}, "--rdzv-endpoint", "host:70000"),
     Case("torchrun-standalone-with-bad-value", plan("--standalone=maybe"), {}, "--standalone", "maybe"),
     Case("torchrun-value-flag-last", ("plan", "--", "--nnodes"), {}, "--nnodes", None),
+    # --- torchrun's grammar: what torchrun's own parser refuses, the launcher refuses in one line -
+    Case("torchrun-unknown-flag", plan("--bogus-flag", "1"), {}, "--bogus-flag"),
+    Case("torchrun-ambiguous-abbreviation", plan("--rdzv", "c10d"), {}, "--rdzv"),
+    Case("torchrun-int-flag-word", plan("--shutdown-timeout", "soon"), {}, "--shutdown-timeout", "soon"),
+    Case("torchrun-int-flag-abbreviated", plan("--max-rest=lots"), {}, "--max-restarts", "lots"),
+    Case("torchrun-choice", plan("--start-method=thread"), {}, "--start-method", "thread"),
+    Case("torchrun-switch-with-value", plan("--no-python=1"), {}, "--no-python", "1"),
+    Case("torchrun-help", plan("--help"), {}, "--help"),
+    Case("torchrun-static-endpoint-without-port", plan("--rdzv-backend=static", "--rdzv-endpoint=master"),
+         {"PET_NNODES": "2"}, "--rdzv-endpoint", "master"),
+    plan_env("keep-nproc-maybe", "LAUNCHER_KEEP_NPROC", "maybe"),
+    Case("flag-keep-nproc", ("plan", "--keep-nproc", "sometimes", "--", SCRIPT), {}, "--keep-nproc", "sometimes"),
     # --- argparse-level mistakes ---------------------------------------------------------------
     Case("plan-unknown-framework", ("plan", "--framework", "jax", "--", SCRIPT), {}, "--framework", "jax"),
     Case("plan-unknown-launcher-flag", ("plan", "--bogus", "1", "--", SCRIPT), {}, "--bogus"),

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, clean_env, launcher
 
 
@@ -18,7 +20,7 @@ def test_plan_prints_the_torchrun_command_a_trainer_node_would_run():
     assert plan["argv"] == ["torchrun", "--nnodes", "4", "--nproc-per-node", "2", "--node-rank", "3",
                             "--rdzv-backend", "static", "--master-addr", "tj-node-0-0.tj",
                             "--master-port", "29500", "train.py", "--lr", "0.1"]
-    assert plan["wait"] == {"resolve": "tj-node-0-0.tj", "connect": "tj-node-0-0.tj:29500"}
+    assert plan["wait"] == {"resolve": "tj-node-0-0.tj", "connect": "tj-node-0-0.tj:29500", "store": "tj-node-0-0.tj:29500"}
     assert plan["sources"]["node_rank"] == "PET_NODE_RANK"
     assert result.stderr == ""
 
@@ -35,3 +37,47 @@ def test_plan_and_the_cli_never_import_torch():
 def test_version():
     result = subprocess.run(launcher("--version"), env=clean_env(), cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.startswith("trainer-launcher ")
+
+
+def test_plan_keeps_the_kubeflow_sdks_static_rendezvous():
+    """The SDK's container backend passes these flags and no PET_* at all."""
+    flags = ["--nproc_per_node=1", "--nnodes=2", "--node-rank=1", "--rdzv-backend=static",
+             "--rdzv-endpoint=10.89.0.5:29500"]
+    result = subprocess.run(launcher("plan", "--", *flags, "/tmp/train.py"), env=clean_env(), cwd=REPO,
+                            capture_output=True, text=True, check=True)
+    plan = json.loads(result.stdout)
+    assert plan["mode"] == "static"
+    assert plan["argv"] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", "1",
+                            "--rdzv-backend", "static", "--rdzv-endpoint", "10.89.0.5:29500", "/tmp/train.py"]
+    assert plan["wait"] == {"resolve": "10.89.0.5", "connect": "10.89.0.5:29500", "store": "10.89.0.5:29500"}
+
+
+# This machine has no accelerator: the device probe alone is replaced, in the child, by one that
+# reports two MIG devices; everything else is the real CLI.
+_TWO_MIG_DEVICES = (
+    "import sys\nfrom launcher import devices\n"
+    "two = devices.Accelerators('NVIDIA MIG device', 2, 'NVIDIA_VISIBLE_DEVICES')\n"
+    "devices.probe_host = lambda env: devices.HostFacts('tj-node-0-0', 2, 4.0, 8, False, two)\n"
+    "from launcher.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def plan_on_two_mig_devices(*options: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _TWO_MIG_DEVICES, "plan", *options, "--", "train.py"],
+                          env=clean_env(PET_NPROC_PER_NODE="8", **env), cwd=REPO, capture_output=True, text=True,
+                          check=True)
+
+
+def test_plan_fits_the_controllers_cpu_count_to_the_visible_mig_devices_and_says_so_once():
+    result = plan_on_two_mig_devices()
+    plan = json.loads(result.stdout)
+
+    assert plan["nprocPerNode"] == 2
+    assert result.stderr.splitlines() == [f"trainer-launcher: warning: {plan['warnings'][0]}"]
+    assert "PET_NPROC_PER_NODE=8 but only 2 NVIDIA MIG devices are visible" in plan["sources"]["nproc_per_node"]
+
+
+@pytest.mark.parametrize("how", [("--keep-nproc", "1"), ()], ids=["flag", "variable"])
+def test_keep_nproc_keeps_the_controllers_count(how):
+    result = plan_on_two_mig_devices(*how, **({} if how else {"LAUNCHER_KEEP_NPROC": "true"}))
+    assert json.loads(result.stdout)["nprocPerNode"] == 8

@@ -231,3 +231,105 @@ def test_probe_host_notices_a_user_omp_num_threads(monkeypatch):
     assert probe_host(settings.load(HostEnv)).omp_num_threads_set is True
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert probe_host(settings.load(HostEnv)).omp_num_threads_set is False
+
+
+# --- accelerators other than whole NVIDIA GPUs (MIG, Neuron, Gaudi) ------------------------------
+# None of these exist on this machine: each test builds the /dev (and /sys) a container would see.
+
+
+def test_mig_devices_count_as_listed_although_they_share_one_device_node(tmp_path):
+    """Two MIG slices of one A100: the container gets /dev/nvidia0 once, and both slices."""
+    dev = fake_dev(tmp_path, gpus=1)
+    assert visible_gpu_count(None, "MIG-4f0e1c2a-aaaa,MIG-77aa3b1c-bbbb", dev) == 2
+    found = devices.nvidia_accelerators(None, "MIG-4f0e1c2a-aaaa,MIG-77aa3b1c-bbbb", dev)
+    assert (found.kind, found.count) == ("NVIDIA MIG device", 2)
+
+
+def test_a_gpu_uuid_in_nvidia_visible_devices_counts_on_a_gpu_node(tmp_path):
+    assert visible_gpu_count(None, "GPU-1d2c3b4a-0000", fake_dev(tmp_path, gpus=8)) == 1
+
+
+def fake_neuron(tmp_path: Path, devices_present: int, cores_per_device: int | None) -> tuple[Path, Path]:
+    """/dev/neuronN nodes and the sysfs core_count the Neuron driver publishes for each."""
+    dev, sys = tmp_path / "dev", tmp_path / "sys"
+    dev.mkdir()
+    for index in range(devices_present):
+        (dev / f"neuron{index}").touch()
+        directory = sys / "devices/virtual/neuron_device" / f"neuron{index}"
+        directory.mkdir(parents=True)
+        if cores_per_device is not None:
+            (directory / "core_count").write_text(f"{cores_per_device}\n")
+    return dev, sys
+
+
+@pytest.mark.parametrize(
+    "visible_cores, visible_devices, logical, expected",
+    [
+        pytest.param(None, None, None, 8, id="4-devices-x-2-cores"),
+        pytest.param("0-3", None, None, 4, id="visible-cores-range"),
+        pytest.param("1,4-5", None, None, 3, id="visible-cores-list-and-range"),
+        pytest.param(None, "0,1", None, 4, id="visible-devices-narrow"),
+        pytest.param(None, "ALL", None, 8, id="visible-devices-all"),
+        pytest.param(None, None, "2", 4, id="two-cores-fused-into-one-logical-core"),
+    ],
+)
+def test_neuron_cores_on_a_4_device_node(tmp_path, visible_cores, visible_devices, logical, expected):
+    dev, sys = fake_neuron(tmp_path, devices_present=4, cores_per_device=2)
+    found = devices.neuron_accelerators(visible_cores, visible_devices, logical, dev, sys)
+    assert (found.kind, found.count) == ("Neuron core", expected)
+
+
+def test_neuron_devices_without_a_readable_core_count_are_there_but_uncounted(tmp_path):
+    dev, sys = fake_neuron(tmp_path, devices_present=2, cores_per_device=None)
+    found = devices.neuron_accelerators(None, None, None, dev, sys)
+    assert found.count is None and "unreadable" in found.how
+
+
+def test_no_neuron_device_node_means_no_neuron_cores_whatever_the_variables_say(tmp_path):
+    dev, sys = fake_neuron(tmp_path, devices_present=0, cores_per_device=2)
+    assert devices.neuron_accelerators("0-7", "ALL", None, dev, sys) is None
+
+
+def fake_gaudi(tmp_path: Path, hpus: int, legacy: bool = False) -> Path:
+    dev = tmp_path / "dev"
+    (dev / "accel").mkdir(parents=True)
+    for index in range(hpus):
+        if legacy:
+            (dev / f"hl{index}").touch()
+            (dev / f"hl_controlD{index}").touch()
+        else:
+            (dev / "accel" / f"accel{index}").touch()
+            (dev / "accel" / f"accel_controlD{index}").touch()
+    return dev
+
+
+@pytest.mark.parametrize(
+    "visible, legacy, expected",
+    [
+        pytest.param(None, False, 8, id="accel-class-nodes"),
+        pytest.param("all", False, 8, id="habana-all"),
+        pytest.param("0,1", False, 2, id="habana-two-indices"),
+        pytest.param(None, True, 8, id="older-driver-hl-nodes"),
+    ],
+)
+def test_gaudi_hpus_on_an_8_hpu_node(tmp_path, visible, legacy, expected):
+    found = devices.gaudi_accelerators(visible, fake_gaudi(tmp_path, 8, legacy))
+    assert (found.kind, found.count) == ("Gaudi HPU", expected)
+
+
+def test_habana_none_hides_every_hpu(tmp_path):
+    assert devices.gaudi_accelerators("none", fake_gaudi(tmp_path, 8)) is None
+
+
+def test_probe_host_reads_the_neuron_variables_from_the_environment(monkeypatch, tmp_path):
+    """Only the roots are faked: the variables travel the real way, through HostEnv."""
+    dev, sys = fake_neuron(tmp_path, devices_present=2, cores_per_device=2)
+    real = devices.neuron_accelerators
+    monkeypatch.setattr(devices, "gpu_devices", lambda dev_root="/dev": 0)
+    monkeypatch.setattr(devices, "neuron_accelerators", lambda *variables: real(*variables, dev_root=dev, sys_root=sys))
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-2")
+
+    host = probe_host(settings.load(HostEnv))
+
+    assert host.gpu_count == 0
+    assert (host.accelerators.kind, host.accelerators.count) == ("Neuron core", 3)

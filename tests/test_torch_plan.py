@@ -13,7 +13,7 @@ import os
 import pytest
 
 from launcher import settings
-from launcher.devices import HostFacts
+from launcher.devices import Accelerators, HostFacts
 from launcher.outcome import ConfigError
 from launcher.settings import TorchSettings
 from launcher.torch_plan import (
@@ -36,9 +36,10 @@ def trainer_env(nnodes: int | str, rank: int, nproc: str = "1") -> dict[str, str
     }
 
 
-def host(gpus: int = 0, quota: float | None = None, affinity: int = 8, omp: bool = False) -> HostFacts:
+def host(gpus: int = 0, quota: float | None = None, affinity: int = 8, omp: bool = False,
+         accelerators: Accelerators | None = None) -> HostFacts:
     return HostFacts(hostname="tj-node-0-0", gpu_count=gpus, cpu_quota=quota, cpu_affinity=affinity,
-                     omp_num_threads_set=omp)
+                     omp_num_threads_set=omp, accelerators=accelerators)
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def make_plan(monkeypatch):
     """Plan with exactly ``env`` (no other PET_*), as ``trainer-launcher torch -- *args`` would."""
 
     def make(env: dict[str, str] | None = None, args: tuple[str, ...] = ("train.py",),
-             facts: HostFacts | None = None) -> TorchPlan:
+             facts: HostFacts | None = None, keep_nproc: bool = False) -> TorchPlan:
         for name in list(os.environ):
             if name.startswith("PET_") or name == "JOB_COMPLETION_INDEX":
                 monkeypatch.delenv(name)
@@ -58,7 +59,7 @@ def make_plan(monkeypatch):
             name: source for name in TorchSettings.model_fields
             if (source := settings.source_of(TorchSettings, name, run.overrides))
         }
-        return plan_torch(torch, facts or host(), run, sources)
+        return plan_torch(torch, facts or host(), run, sources, keep_nproc=keep_nproc)
 
     return make
 
@@ -104,7 +105,7 @@ def test_rank_2_of_4_is_static_and_waits_for_the_master_port(make_plan):
     assert value_of(plan, "--node-rank") == "2"
     assert value_of(plan, "--master-addr") == MASTER
     assert value_of(plan, "--master-port") == "29500"
-    assert plan.wait == Wait(resolve=MASTER, connect=(MASTER, 29500))
+    assert plan.wait == Wait(resolve=MASTER, connect=(MASTER, 29500), store=(MASTER, 29500))
     assert plan.node_rank == 2
 
 
@@ -177,9 +178,65 @@ def test_resolve_nproc(requested, facts, count):
 
 
 def test_resolve_nproc_says_where_the_count_came_from():
-    assert resolve_nproc("auto", host(gpus=8), "PET_NPROC_PER_NODE")[1] == "PET_NPROC_PER_NODE=auto: 8 visible GPUs"
+    assert resolve_nproc("auto", host(gpus=8), "PET_NPROC_PER_NODE")[1] == \
+        "PET_NPROC_PER_NODE=auto: 8 visible NVIDIA GPUs (/dev/nvidiaN)"
     assert "CPU quota 3.5" in resolve_nproc("cpu", host(quota=3.5), "--nproc-per-node")[1]
     assert resolve_nproc(1, host(), "nproc_per_node")[1] == "default"
+
+
+# --- nproc when Trainer passed the CPU request (MIG, Neuron, Gaudi) -----------------------------
+# Trainer sets PET_NPROC_PER_NODE to the CPU request when no resource name contains "gpu". The
+# accelerators are faked as host facts (none exist here; launcher.devices counts them, see
+# tests/test_devices.py).
+
+TWO_MIG = Accelerators("NVIDIA MIG device", 2, "NVIDIA_VISIBLE_DEVICES")
+
+
+def test_more_processes_than_visible_accelerators_become_one_per_accelerator(make_plan):
+    plan = make_plan({**trainer_env(2, 1), "PET_NPROC_PER_NODE": "8"}, facts=host(gpus=2, accelerators=TWO_MIG))
+
+    assert plan.nproc_per_node == 2
+    assert value_of(plan, "--nproc-per-node") == "2"
+    assert plan.warnings == (
+        "PET_NPROC_PER_NODE=8 but only 2 NVIDIA MIG devices are visible (NVIDIA_VISIBLE_DEVICES): "
+        "one process per NVIDIA MIG device; LAUNCHER_KEEP_NPROC=1 keeps 8",)
+    assert plan.warnings[0] in plan.sources["nproc_per_node"]
+
+
+def test_keep_nproc_keeps_the_controllers_number_and_says_so(make_plan):
+    plan = make_plan({"PET_NPROC_PER_NODE": "8"}, facts=host(gpus=2, accelerators=TWO_MIG), keep_nproc=True)
+
+    assert plan.nproc_per_node == 8
+    assert "kept" in plan.warnings[0] and "LAUNCHER_KEEP_NPROC" in plan.warnings[0]
+
+
+@pytest.mark.parametrize(
+    "env, args, facts, expected",
+    [
+        pytest.param({"PET_NPROC_PER_NODE": "8"}, ("--nproc-per-node=8", "t.py"), host(gpus=2, accelerators=TWO_MIG), 8,
+                     id="a-typed-count-is-the-users-word"),
+        pytest.param({"PET_NPROC_PER_NODE": "2"}, ("t.py",), host(accelerators=Accelerators("Gaudi HPU", 8, "x")), 2,
+                     id="fewer-processes-than-hpus-is-left-alone"),
+        pytest.param({"PET_NPROC_PER_NODE": "16"}, ("t.py",), host(quota=16.0), 16, id="a-cpu-node-keeps-its-count"),
+    ],
+)
+def test_nproc_is_fitted_only_when_the_controller_asked_for_more_than_there_are(make_plan, env, args, facts, expected):
+    plan = make_plan(env, args=args, facts=facts)
+    assert plan.nproc_per_node == expected
+    assert plan.warnings == ()
+
+
+def test_uncountable_neuron_cores_keep_the_count_and_say_why(make_plan):
+    neuron = Accelerators("Neuron core", None, "2 /dev/neuronN devices, core count unreadable")
+    plan = make_plan({"PET_NPROC_PER_NODE": "32"}, facts=host(accelerators=neuron))
+
+    assert plan.nproc_per_node == 32
+    assert "could not be counted" in plan.warnings[0]
+
+
+def test_auto_is_one_process_per_neuron_core(make_plan):
+    neuron = Accelerators("Neuron core", 32, "16 /dev/neuronN devices x sysfs core_count")
+    assert make_plan({"PET_NPROC_PER_NODE": "auto"}, facts=host(quota=8.0, accelerators=neuron)).nproc_per_node == 32
 
 
 # --- OMP_NUM_THREADS ----------------------------------------------------------------------------
@@ -218,15 +275,18 @@ def test_min_max_nodes_is_c10d_on_the_master_with_a_stable_id(make_plan):
     assert value_of(plan, "--rdzv-backend") == "c10d"
     assert value_of(plan, "--rdzv-endpoint") == f"{MASTER}:29500"
     assert value_of(plan, "--rdzv-id") == "tj"
-    assert value_of(plan, "--max-restarts") == "0"
+    assert "--max-restarts" not in plan.argv  # nobody set it: torchrun's own default (0) applies
     assert "--master-addr" not in plan.argv
     assert "--node-rank" not in plan.argv  # the rendezvous assigns node ranks
-    assert plan.wait == Wait(resolve=MASTER, connect=(MASTER, 29500))
+    assert plan.wait == Wait(resolve=MASTER, connect=(MASTER, 29500), store=(MASTER, 29500))
 
 
-def test_an_ip_master_address_is_the_rdzv_id_whole(make_plan):
+def test_an_ip_master_address_never_becomes_the_rdzv_id(make_plan):
+    """Another node may know the same master by name: the id must not depend on the spelling."""
     env = {**trainer_env(2, 1), "PET_MASTER_ADDR": "10.0.0.7", "PET_RDZV_BACKEND": "c10d"}
-    assert value_of(make_plan(env), "--rdzv-id") == "10.0.0.7"
+    plan = make_plan(env)
+    assert value_of(plan, "--rdzv-id") == "none"
+    assert "default" in plan.sources["rdzv_id"]
 
 
 def test_the_derived_rdzv_id_is_the_same_on_every_node(make_plan):
@@ -236,7 +296,7 @@ def test_the_derived_rdzv_id_is_the_same_on_every_node(make_plan):
 
 def test_elastic_rank_0_only_waits_for_dns(make_plan):
     plan = make_plan(trainer_env("1:4", 0))
-    assert plan.wait == Wait(resolve=MASTER, connect=None)
+    assert plan.wait == Wait(resolve=MASTER, connect=None, store=(MASTER, 29500))
 
 
 def test_elastic_max_restarts_and_rdzv_conf_are_passed_on(make_plan):
@@ -251,7 +311,8 @@ def test_c10d_endpoint_without_a_port_uses_the_c10d_default_port(make_plan):
 
     assert plan.mode == "c10d"
     assert value_of(plan, "--rdzv-endpoint") == "rdzv-host"
-    assert plan.wait == Wait(resolve="rdzv-host", connect=("rdzv-host", C10D_DEFAULT_PORT))
+    assert plan.wait == Wait(resolve="rdzv-host", connect=("rdzv-host", C10D_DEFAULT_PORT),
+                             store=("rdzv-host", C10D_DEFAULT_PORT))
     assert C10D_DEFAULT_PORT == 29400
 
 
@@ -259,8 +320,8 @@ def test_c10d_endpoint_with_a_port_waits_on_that_port(make_plan):
     plan = make_plan({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_RDZV_BACKEND": "c10d",
                       "PET_RDZV_ENDPOINT": "rdzv-host:1234"})
 
-    assert plan.wait == Wait(resolve="rdzv-host", connect=("rdzv-host", 1234))
-    assert value_of(plan, "--rdzv-id") == "rdzv-host"  # no master: derived from the endpoint's host
+    assert plan.wait == Wait(resolve="rdzv-host", connect=("rdzv-host", 1234), store=("rdzv-host", 1234))
+    assert value_of(plan, "--rdzv-id") == "none"  # never derived from how this node spells the endpoint
 
 
 def test_pet_rdzv_id_is_honoured(make_plan):
@@ -274,7 +335,7 @@ def test_elastic_with_an_ipv6_master_waits_on_the_master_port(make_plan, master)
     or every node waits for a DNS name that cannot exist until the rendezvous timeout."""
     plan = make_plan({**trainer_env("1:4", 1), "PET_MASTER_ADDR": master})
 
-    assert plan.wait == Wait(resolve="fd00::1", connect=("fd00::1", 29500))
+    assert plan.wait == Wait(resolve="fd00::1", connect=("fd00::1", 29500), store=("fd00::1", 29500))
 
 
 def test_elastic_without_any_address_is_a_config_error(make_plan):
@@ -293,6 +354,68 @@ def test_no_script_is_a_config_error(make_plan):
     with pytest.raises(ConfigError) as error:
         make_plan({}, args=("--tee", "3"))
     assert error.value.name == "SCRIPT"
+
+
+# --- an explicit rendezvous is the user's choice ------------------------------------------------
+
+
+def test_an_endpoint_without_a_backend_is_torchruns_static_master(make_plan):
+    """torchrun reads static + --rdzv-endpoint as the master's host:port; so does the plan."""
+    plan = make_plan({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_RDZV_ENDPOINT": "master.example:4321"})
+
+    assert plan.mode == "static"
+    assert value_of(plan, "--node-rank") == "1"
+    assert value_of(plan, "--rdzv-endpoint") == "master.example:4321"
+    assert "--master-addr" not in plan.argv
+    assert plan.wait == Wait(resolve="master.example", connect=("master.example", 4321),
+                             store=("master.example", 4321))
+
+
+def test_an_explicit_static_backend_stays_static_for_an_elastic_node_count(make_plan):
+    plan = make_plan(trainer_env("1:2", 1), args=("--rdzv-backend=static", "t.py"))
+    assert plan.mode == "static"
+    assert value_of(plan, "--rdzv-backend") == "static"
+
+
+def test_a_static_endpoint_without_a_port_is_a_config_error_naming_it(make_plan):
+    with pytest.raises(ConfigError) as error:
+        make_plan({"PET_NNODES": "2"}, args=("--rdzv-backend=static", "--rdzv-endpoint=master", "t.py"))
+    assert error.value.name == "--rdzv-endpoint"
+
+
+def test_an_etcd_server_is_waited_for_on_every_node_at_its_default_port(make_plan):
+    plan = make_plan({**trainer_env(2, 0), "PET_RDZV_BACKEND": "etcd-v2", "PET_RDZV_ENDPOINT": "etcd.example"})
+    assert plan.wait == Wait(resolve="etcd.example", connect=("etcd.example", 2379))
+
+
+def test_one_node_with_only_a_master_port_is_static_on_torchruns_default_address(make_plan):
+    plan = make_plan({}, args=("--master-port=1234", "t.py"))
+
+    assert plan.mode == "static"
+    assert value_of(plan, "--master-addr") == "127.0.0.1"
+    assert value_of(plan, "--master-port") == "1234"
+
+
+@pytest.mark.parametrize("env", [{}, trainer_env(2, 1), trainer_env("1:2", 1)], ids=["standalone", "static", "c10d"])
+def test_pet_max_restarts_rdzv_id_and_conf_reach_torchrun_in_every_mode(make_plan, env):
+    plan = make_plan({**env, "PET_MAX_RESTARTS": "3", "PET_RDZV_ID": "run-7", "PET_RDZV_CONF": "join_timeout=900"})
+
+    assert value_of(plan, "--max-restarts") == "3"
+    assert value_of(plan, "--rdzv-id") == "run-7"  # torchrun also names its log directory after it
+    assert value_of(plan, "--rdzv-conf") == "join_timeout=900"
+
+
+def test_a_typed_node_rank_reaches_a_c10d_torchrun_which_ignores_it_as_before(make_plan):
+    plan = make_plan(trainer_env("1:2", 1), args=("--node_rank=1", "t.py"))
+    assert plan.mode == "c10d"
+    assert value_of(plan, "--node-rank") == "1"
+
+
+def test_a_script_named_like_a_flag_after_dashdash_keeps_its_dashdash(make_plan):
+    plan = make_plan({}, args=("--", "-weird.py", "--lr", "1"))
+
+    assert plan.program == ("-weird.py", "--lr", "1")
+    assert plan.argv[-4:] == ("--", "-weird.py", "--lr", "1")
 
 
 # --- the user's torchrun flags ------------------------------------------------------------------
@@ -330,20 +453,20 @@ def test_a_user_standalone_switch_wins_over_the_trainer_env(make_plan):
     assert plan.program == ("train.py",)
 
 
-def test_unknown_torchrun_flags_pass_through_verbatim_in_order(make_plan):
-    plan = make_plan({}, args=("--tee", "3", "--log-dir", "/x", "--monitor-interval=1", "train.py", "--lr", "0.1"))
+def test_torchrun_flags_the_launcher_does_not_plan_pass_through_in_order(make_plan):
+    plan = make_plan({}, args=("--tee", "3", "--log_dir", "/x", "--monitor-interval=1", "train.py", "--lr", "0.1"))
 
-    assert plan.argv[-8:] == ("--tee", "3", "--log-dir", "/x", "--monitor-interval=1", "train.py", "--lr", "0.1")
+    assert plan.argv[-9:] == ("--tee", "3", "--log-dir", "/x", "--monitor-interval", "1", "train.py", "--lr", "0.1")
     assert plan.program == ("train.py", "--lr", "0.1")
 
 
 @pytest.mark.parametrize(
     "args, passthrough, program",
     [
-        pytest.param(("-m", "pkg.train", "--epochs", "2"), ("-m",), ("pkg.train", "--epochs", "2"),
+        pytest.param(("-m", "pkg.train", "--epochs", "2"), ("--module",), ("pkg.train", "--epochs", "2"),
                      id="module-switch"),
         pytest.param(("--no-python", "echo", "hi"), ("--no-python",), ("echo", "hi"), id="no-python-switch"),
-        pytest.param(("--tee", "3", "-m", "pkg.train"), ("--tee", "3", "-m"), ("pkg.train",),
+        pytest.param(("--tee", "3", "-m", "pkg.train"), ("--tee", "3", "--module"), ("pkg.train",),
                      id="value-flag-then-switch"),
         pytest.param(("--tee", "3", "--", "train.py", "--nnodes", "5"), ("--tee", "3"),
                      ("train.py", "--nnodes", "5"), id="dashdash-separates-script-args"),
@@ -389,7 +512,7 @@ def test_script_args_that_look_like_flags_stay_with_the_script(make_plan):
 def test_a_module_is_found_as_the_program(make_plan):
     plan = make_plan(trainer_env(2, 1), args=("-m", "pkg.train", "--epochs", "2"))
 
-    assert plan.argv[-4:] == ("-m", "pkg.train", "--epochs", "2")
+    assert plan.argv[-4:] == ("--module", "pkg.train", "--epochs", "2")
     assert plan.program == ("pkg.train", "--epochs", "2")
 
 
