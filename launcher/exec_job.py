@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Callable
 
-from launcher import settings
+from launcher import settings, workspace
 from launcher.outcome import ConfigError, Outcome, RootCause, classify, evidence_regex, signal_name, success, terminated
 from launcher.report import run_command
 from launcher.settings import HostEnv, LauncherSettings, Override
@@ -16,6 +16,7 @@ def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int
     def body(launcher: LauncherSettings) -> Outcome:
         if not command:
             raise ConfigError("CMD", None, "a command after the options: trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
+        workspace.warn_if_unwritable()
         return supervise(launcher, command)
 
     return run_command(launcher_overrides, body)
@@ -40,7 +41,7 @@ def supervise(
     if supervisor.received_signal is not None and supervisor.first_failure is None:
         if child.returncode == 0:
             return success()
-        return terminated(supervisor.received_signal, launcher.retryable_exit_codes).on_node(node)
+        return terminated(supervisor.received_signal).on_node(node)
     if child.returncode == 0:
         return success()
     rank = int(host.rank) if host.rank and host.rank.isdigit() else None

@@ -20,6 +20,7 @@ import sys
 import tempfile
 
 from launcher import log, settings
+from launcher.local import UNSHARE_NODE, isolation_problem
 from launcher.outcome import ConfigError, Outcome, classify, success, terminated
 from launcher.report import run_command
 from launcher.settings import LauncherSettings, Override
@@ -43,8 +44,9 @@ def run_local_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[s
     def body(launcher: LauncherSettings) -> Outcome:
         count = _count("--nnodes", nnodes, 1, 32)
         slots = _count("--nproc-per-node", nproc, 1, 256)
-        if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
-            raise ConfigError("--mpi", implementation, "root with unshare(1) and ip(8): each MPI node needs its own namespaces")
+        if problem := isolation_problem(tools=("ip", "setpriv")):
+            raise ConfigError("--mpi", implementation, f"a host that allows per-node namespaces (each MPI node needs "
+                                                       f"its own), but {problem}")
         if not rest:
             raise ConfigError("PROGRAM", None, "a program: trainer-launcher local --mpi IMPL --nnodes N --nproc-per-node P -- PROGRAM")
         try:
@@ -150,7 +152,7 @@ def _pod_dir(workdir: str, pod: str, account: pwd.struct_passwd) -> str:
 
 
 def _enter(hosts: str, keys: str, pod: str, argv: list[str]) -> list[str]:
-    return ["unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", "-c", _ENTER_POD, hosts, keys, pod, *argv]
+    return [*UNSHARE_NODE, "sh", "-c", _ENTER_POD, hosts, keys, pod, *argv]
 
 
 def _prefix(pod: str):
@@ -172,5 +174,5 @@ def _outcome(supervisor: Supervisor, main, termination: str, launcher: LauncherS
     except (OSError, ValueError, KeyError):
         pass
     if supervisor.received_signal is not None:
-        return terminated(supervisor.received_signal, launcher.retryable_exit_codes)
+        return terminated(supervisor.received_signal)
     return classify(main.returncode, retryable_codes=launcher.retryable_exit_codes, what="the launcher pod")

@@ -110,7 +110,7 @@ def _wait(plan: MpiPlan, launcher: LauncherSettings) -> Outcome | None:
         try:
             netwait.wait_until_hosts_accept(plan.wait_hosts, plan.ssh_port, deadline, supervisor.sleep, log.info)
         except Interrupted:
-            return terminated(supervisor.received_signal, launcher.retryable_exit_codes)
+            return terminated(supervisor.received_signal)
     return None
 
 

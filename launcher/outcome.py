@@ -1,9 +1,12 @@
 """The one exit-code table.
 
 Everything that ends a launcher run (a rank's exit, a signal the launcher received, a wait
-that timed out, bad configuration) becomes an :class:`Outcome` here and nowhere else, so the
-process exit code, the retryable flag and the JSON termination message always agree. The
-runtimes' failure policies are derived from the same constants.
+that timed out, bad configuration) becomes an :class:`Outcome` here and nowhere else.
+Classification decides only the exit code. Whether that code is retryable is decided by one
+function, :func:`is_retryable`, from the code and the retryable set, and only when the outcome is
+delivered; the runtimes' failure policies (:mod:`launcher.failure_policy`) are derived from the
+same set. So the exit code, ``retryable`` in the termination message and the policy cannot
+disagree.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ COMMAND_NOT_FOUND = 127
 TRANSIENT = 138
 
 DEFAULT_RETRYABLE_EXIT_CODES: frozenset[int] = frozenset({130, 137, 138, 143})
-# Killed by these, a rank crashed on its own: permanent, whatever the retryable set says,
-# unless its output shows a hardware fault.
+# Killed by these, a rank crashed on its own (permanent under the default set), unless its output
+# shows a hardware fault.
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGILL, signal.SIGFPE, signal.SIGBUS})
 
 # Output that marks a failure as a node or network fault rather than a bug in the program.
@@ -47,6 +50,12 @@ PEER_LOSS_PATTERN = re.compile(
 )
 
 
+def is_retryable(exit_code: int, retryable_codes: frozenset[int]) -> bool:
+    """The one decision: Kubernetes sees only the exit code, and the runtimes' podFailurePolicy
+    fails the Job at once for every code outside ``{0} | retryable_codes``."""
+    return exit_code != SUCCESS and exit_code in retryable_codes
+
+
 def evidence_regex(extra: str | None = None) -> re.Pattern[str]:
     """The compiled node-fault evidence, with the user's extra pattern OR-ed in."""
     patterns = list(NODE_FAULT_PATTERNS)
@@ -56,18 +65,13 @@ def evidence_regex(extra: str | None = None) -> re.Pattern[str]:
 
 
 class LauncherError(Exception):
-    """A failure of the launcher itself, already classified."""
+    """A failure of the launcher itself, already classified: its exit code and reason."""
 
     exit_code = CONFIG_ERROR
     reason = "ConfigError"
 
     def outcome(self) -> Outcome:
-        return Outcome(
-            exit_code=self.exit_code,
-            retryable=self.exit_code != CONFIG_ERROR,
-            reason=self.reason,
-            message=str(self),
-        )
+        return Outcome(exit_code=self.exit_code, reason=self.reason, message=str(self))
 
 
 class ConfigError(LauncherError):
@@ -119,17 +123,19 @@ class RootCause:
 
 @dataclass(frozen=True)
 class Outcome:
+    """How a run ended. It holds no retryable flag: that follows from ``exit_code`` and the
+    retryable set at delivery (:func:`is_retryable`)."""
+
     exit_code: int
-    retryable: bool
     reason: str
     message: str
     root_cause: RootCause | None = None
     evidence: str | None = None
     extra: dict = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self, retryable_codes: frozenset[int]) -> dict:
         data: dict = {
-            "retryable": self.retryable,
+            "retryable": is_retryable(self.exit_code, retryable_codes),
             "exitCode": self.exit_code,
             "reason": self.reason,
             "message": self.message,
@@ -143,11 +149,12 @@ class Outcome:
 
     @classmethod
     def from_json(cls, data: dict) -> Outcome:
+        """A termination message read back (``local`` reads each node's). Its ``retryable`` is
+        dropped: the reader decides it again from the exit code and its own retryable set."""
         known = {"retryable", "exitCode", "reason", "message", "rootCause", "evidence"}
         root = data.get("rootCause")
         return cls(
             exit_code=int(data["exitCode"]),
-            retryable=bool(data["retryable"]),
             reason=str(data["reason"]),
             message=str(data.get("message", "")),
             root_cause=RootCause.from_json(root) if isinstance(root, dict) else None,
@@ -162,10 +169,10 @@ class Outcome:
         """Name the node as the root cause when nothing more precise is known."""
         return self if self.root_cause is not None else replace(self, root_cause=RootCause(node=node))
 
-    def termination_message(self, limit: int = 4096) -> str:
+    def termination_message(self, retryable_codes: frozenset[int], limit: int = 4096) -> str:
         """The JSON for /dev/termination-log, shortened to fit Kubernetes' 4096 bytes."""
         outcome = self
-        text = json.dumps(outcome.to_json(), separators=(",", ":"))
+        text = json.dumps(outcome.to_json(retryable_codes), separators=(",", ":"))
         budget = 1024
         while len(text.encode()) > limit and budget >= 16:
             outcome = replace(
@@ -174,7 +181,7 @@ class Outcome:
                 evidence=_shorten(self.evidence, budget // 2) if self.evidence else None,
                 extra={},
             )
-            text = json.dumps(outcome.to_json(), separators=(",", ":"))
+            text = json.dumps(outcome.to_json(retryable_codes), separators=(",", ":"))
             budget //= 2
         return text
 
@@ -205,45 +212,43 @@ def classify(
 ) -> Outcome:
     """The table itself: a failed process's return code (negative: killed by that signal).
 
-    | what happened                                   | exit code  | retryable |
-    | exited 0                                        | 0          | -         |
-    | output shows a node/network fault               | 138        | yes       |
-    | killed by SIGSEGV/SIGILL/SIGFPE/SIGBUS          | 128+signal | no        |
-    | exit code (or 128+signal) in the retryable set  | that code  | yes       |
-    | any other exit code or signal                   | that code  | no        |
+    | what happened                            | exit code  | reason        | retryable (default set) |
+    | exited 0                                 | 0          | Succeeded     | -                       |
+    | output shows a node/network fault        | 138        | NodeFault     | yes                     |
+    | killed by SIGSEGV/SIGILL/SIGFPE/SIGBUS   | 128+signal | Crashed       | no                      |
+    | code (or 128+signal) in the retryable set| that code  | RetryableExit | yes                     |
+    |                                          |            | or Killed     |                         |
+    | any other exit code or signal            | that code  | Failed or     | no                      |
+    |                                          |            | Signaled      |                         |
+
+    ``retryable_codes`` picks the reason only; retryable itself is :func:`is_retryable` of the
+    exit code, at delivery. A crash whose code a user lists as retryable is retried, since the
+    policy cannot tell it apart from a rank that exited with that code.
     """
     code = code_for(returncode)
     sig = -returncode if returncode < 0 else None
     how = f"was killed by {signal_name(sig)}" if sig else f"exited with code {code}"
     if code == SUCCESS:
-        return Outcome(SUCCESS, False, "Succeeded", f"{what} succeeded", root_cause)
+        return Outcome(SUCCESS, "Succeeded", f"{what} succeeded", root_cause)
     if evidence:
         return Outcome(
             TRANSIENT,
-            True,
             "NodeFault",
             f"{what} {how}; its output shows a node or network fault",
             root_cause,
             evidence,
         )
     if sig in CRASH_SIGNALS:
-        return Outcome(code, False, "Crashed", f"{what} {how}", root_cause)
+        return Outcome(code, "Crashed", f"{what} {how}", root_cause)
     if code in retryable_codes:
-        reason = "Killed" if sig else "RetryableExit"
-        return Outcome(code, True, reason, f"{what} {how}", root_cause)
-    return Outcome(code, False, "Signaled" if sig else "Failed", f"{what} {how}", root_cause)
+        return Outcome(code, "Killed" if sig else "RetryableExit", f"{what} {how}", root_cause)
+    return Outcome(code, "Signaled" if sig else "Failed", f"{what} {how}", root_cause)
 
 
-def terminated(signum: int, retryable_codes: frozenset[int]) -> Outcome:
-    """The launcher was asked to stop (pod deletion, Ctrl-C) and tore the job down."""
-    code = 128 + signum
-    return Outcome(
-        code,
-        code in retryable_codes,
-        "Terminated",
-        f"the launcher received {signal_name(signum)} and stopped the job",
-    )
+def terminated(signum: int) -> Outcome:
+    """The launcher was asked to stop (pod deletion, Ctrl-C) and tore the job down: 128+signal."""
+    return Outcome(128 + signum, "Terminated", f"the launcher received {signal_name(signum)} and stopped the job")
 
 
 def success() -> Outcome:
-    return Outcome(SUCCESS, False, "Succeeded", "the job succeeded")
+    return Outcome(SUCCESS, "Succeeded", "the job succeeded")

@@ -1,4 +1,8 @@
-"""Deliver an outcome: one log line, the termination message, the exit code. Secrets redacted."""
+"""Deliver an outcome: one log line, the termination message, the exit code. Secrets redacted.
+
+:func:`deliver` is the one place where ``retryable`` is decided (:func:`launcher.outcome.is_retryable`
+of the exit code and the retryable set), for the log line and the termination message alike.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import replace
 from typing import Callable
 
 from launcher import log
-from launcher.outcome import LauncherError, Outcome
+from launcher.outcome import DEFAULT_RETRYABLE_EXIT_CODES, LauncherError, Outcome, is_retryable
 from launcher.settings import LauncherSettings, load, redact
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -17,32 +21,37 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 def run_command(launcher_overrides: dict, body: Callable[[LauncherSettings], Outcome]) -> int:
     """The frame of every subcommand: load the launcher's own knobs, run ``body``, deliver its
     outcome, or the outcome of the launcher error that stopped it."""
-    termination_log = None
+    termination_log, codes = None, None
     try:
         launcher = load(LauncherSettings, launcher_overrides)
-        termination_log = launcher.termination_log
+        termination_log, codes = launcher.termination_log, launcher.retryable_exit_codes
         log.configure(launcher.log_format)
-        return deliver(body(launcher), termination_log)
+        return deliver(body(launcher), termination_log, codes)
     except LauncherError as error:
-        return deliver(error.outcome(), termination_log)
+        return deliver(error.outcome(), termination_log, codes)
 
 
-def deliver(outcome: Outcome, termination_log: str | None) -> int:
+def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: frozenset[int] | None) -> int:
+    """Log ``outcome``, write its termination message, return its exit code. ``retryable_codes``
+    is the launcher's retryable set; None where the launcher's settings could not be loaded (the
+    default set, which is also what the shipped runtimes' policy tolerates)."""
+    codes = DEFAULT_RETRYABLE_EXIT_CODES if retryable_codes is None else retryable_codes
+    retryable = is_retryable(outcome.exit_code, codes)
     outcome = replace(
         outcome,
         message=redact(outcome.message),
         evidence=redact(outcome.evidence) if outcome.evidence else None,
         extra={k: _redacted(v) for k, v in outcome.extra.items()},
     )
-    kind = "retryable" if outcome.retryable else "permanent"
+    kind = "retryable" if retryable else "permanent"
     if outcome.exit_code == 0:
         log.info(outcome.message, exitCode=0)
     else:
         log.error(f"{outcome.message} -> exit {outcome.exit_code} ({kind}, {outcome.reason})",
-                  exitCode=outcome.exit_code, reason=outcome.reason, retryable=outcome.retryable)
+                  exitCode=outcome.exit_code, reason=outcome.reason, retryable=retryable)
         if outcome.evidence:
             log.error(f"evidence: {outcome.evidence}")
-    write_termination_log(outcome, termination_log)
+    write_termination_log(outcome, termination_log, codes)
     return outcome.exit_code
 
 
@@ -54,7 +63,7 @@ def _redacted(value):
     return value
 
 
-def write_termination_log(outcome: Outcome, path: str | None) -> None:
+def write_termination_log(outcome: Outcome, path: str | None, retryable_codes: frozenset[int]) -> None:
     """Kubernetes reads /dev/termination-log (it creates the file); elsewhere write only where asked."""
     if path is None:
         if not os.path.exists(DEFAULT_TERMINATION_LOG):
@@ -62,6 +71,6 @@ def write_termination_log(outcome: Outcome, path: str | None) -> None:
         path = DEFAULT_TERMINATION_LOG
     try:
         with open(path, "w") as handle:
-            handle.write(outcome.termination_message())
+            handle.write(outcome.termination_message(retryable_codes))
     except OSError as error:
         log.error(f"could not write the termination message to {path}: {error.strerror}")

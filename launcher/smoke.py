@@ -93,11 +93,11 @@ def outcome_of(checks: list[Check]) -> Outcome:
     failed = [c for c in checks if c.status == "fail"]
     if not failed:
         warned = [c.name for c in checks if c.status == "warn"]
-        return Outcome(0, False, "Succeeded", "preflight passed" + (f" with warnings: {', '.join(warned)}" if warned else ""))
+        return Outcome(0, "Succeeded", "preflight passed" + (f" with warnings: {', '.join(warned)}" if warned else ""))
     names = ", ".join(f"{c.name} ({c.value})" for c in failed)
     if any(c.kind == "config" for c in failed):
-        return Outcome(CONFIG_ERROR, False, "Misconfigured", f"preflight failed: {names}")
-    return Outcome(TRANSIENT, True, "NodeFault", f"preflight failed: {names}")
+        return Outcome(CONFIG_ERROR, "Misconfigured", f"preflight failed: {names}")
+    return Outcome(TRANSIENT, "NodeFault", f"preflight failed: {names}")
 
 
 def table(checks: list[Check]) -> str:

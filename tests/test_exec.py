@@ -49,11 +49,20 @@ def test_a_user_pattern_makes_a_failure_retryable(tmp_path):
     assert job.process.returncode == 138
 
 
-def test_a_missing_command_is_127_in_one_line(tmp_path):
+def test_a_missing_command_is_127_in_one_line_and_not_retryable(tmp_path):
     job = run(tmp_path, "no-such-command-xyz")
     assert job.process.returncode == 127
     assert job.stderr.strip().count("\n") == 0
     assert "no-such-command-xyz: command not found" in job.stderr
+    message = job.termination()
+    assert (message["exitCode"], message["retryable"], message["reason"]) == (127, False, "CommandNotFound")
+
+
+def test_a_custom_retryable_set_decides_the_message_too(tmp_path):
+    job = run(tmp_path, "sh", "-c", "exit 7", LAUNCHER_RETRYABLE_EXIT_CODES="7")
+    assert job.process.returncode == 7
+    assert job.termination()["retryable"] is True
+    assert "(retryable, RetryableExit)" in job.stderr
 
 
 def test_sigterm_reaches_the_command_which_may_finish_cleanly(tmp_path):

@@ -1,7 +1,8 @@
 """The exit-code table: what a failed rank (or a signal to the launcher) becomes, for Kubernetes.
 
-The exit code and the retryable flag are what a runtime's podFailurePolicy and JobSet
-failurePolicy act on, and the termination message is what ``kubectl describe`` shows.
+The exit code is what a runtime's podFailurePolicy and JobSet failurePolicy act on; retryable is
+decided from it and the retryable set (``is_retryable``), and the termination message is what
+``kubectl describe`` shows.
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ import signal
 import pytest
 
 from launcher.outcome import (
-    DEFAULT_RETRYABLE_EXIT_CODES, Outcome, RootCause, classify, evidence_regex, terminated,
+    DEFAULT_RETRYABLE_EXIT_CODES, Outcome, RootCause, classify, evidence_regex, is_retryable, terminated,
 )
+
+
+def retryable(outcome: Outcome, codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES) -> bool:
+    return is_retryable(outcome.exit_code, codes)
+
 
 # --- classify -----------------------------------------------------------------------------------
 
@@ -38,7 +44,7 @@ from launcher.outcome import (
 )
 def test_default_table(returncode, exit_code, retryable):
     outcome = classify(returncode)
-    assert (outcome.exit_code, outcome.retryable) == (exit_code, retryable)
+    assert (outcome.exit_code, is_retryable(outcome.exit_code, DEFAULT_RETRYABLE_EXIT_CODES)) == (exit_code, retryable)
 
 
 def test_default_retryable_codes_are_trainer_v1s():
@@ -47,23 +53,29 @@ def test_default_retryable_codes_are_trainer_v1s():
 
 def test_success_is_exit_0_and_not_a_failure():
     outcome = classify(0)
-    assert (outcome.exit_code, outcome.retryable, outcome.reason) == (0, False, "Succeeded")
+    assert (outcome.exit_code, retryable(outcome), outcome.reason) == (0, False, "Succeeded")
 
 
 @pytest.mark.parametrize("crash", [signal.SIGSEGV, signal.SIGILL, signal.SIGFPE, signal.SIGBUS])
-def test_a_crash_signal_is_permanent_even_if_its_code_is_listed_retryable(crash):
+def test_a_crash_signal_is_a_permanent_crash_under_the_default_set(crash):
     code = 128 + crash
-    outcome = classify(-crash, retryable_codes=frozenset({code, 137}))
+    outcome = classify(-crash)
 
     assert outcome.exit_code == code
-    assert outcome.retryable is False
+    assert retryable(outcome) is False
     assert outcome.reason == "Crashed"
     assert crash.name in outcome.message
 
 
+def test_a_crash_whose_code_the_user_lists_is_retried_as_the_policy_will():
+    # The policy sees only 139; it cannot tell a SIGSEGV from a rank that exited 139, so neither can we.
+    outcome = classify(-signal.SIGSEGV, retryable_codes=frozenset({139}))
+    assert (outcome.exit_code, outcome.reason, retryable(outcome, frozenset({139}))) == (139, "Crashed", True)
+
+
 def test_a_crash_signal_with_hardware_evidence_is_a_node_fault():
     outcome = classify(-11, evidence="NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.")
-    assert (outcome.exit_code, outcome.retryable, outcome.reason) == (138, True, "NodeFault")
+    assert (outcome.exit_code, retryable(outcome), outcome.reason) == (138, True, "NodeFault")
 
 
 @pytest.mark.parametrize("returncode", [1, 3, 2, 134, -6, -9, -11, 255])
@@ -72,7 +84,7 @@ def test_evidence_of_a_node_fault_makes_any_failure_138_retryable(returncode):
     outcome = classify(returncode, evidence=evidence)
 
     assert outcome.exit_code == 138
-    assert outcome.retryable is True
+    assert retryable(outcome) is True
     assert outcome.reason == "NodeFault"
     assert outcome.evidence == evidence
 
@@ -80,10 +92,15 @@ def test_evidence_of_a_node_fault_makes_any_failure_138_retryable(returncode):
 def test_a_custom_retryable_set_replaces_the_default():
     only_3 = frozenset({3})
 
-    assert classify(3, retryable_codes=only_3).retryable is True
-    assert classify(-9, retryable_codes=only_3).retryable is False
+    assert retryable(classify(3, retryable_codes=only_3), only_3) is True
+    assert classify(3, retryable_codes=only_3).reason == "RetryableExit"
+    assert retryable(classify(-9, retryable_codes=only_3), only_3) is False
     assert classify(-9, retryable_codes=only_3).exit_code == 137
-    assert classify(138, retryable_codes=only_3).retryable is False
+    assert retryable(classify(138, retryable_codes=only_3), only_3) is False
+
+
+def test_success_is_never_retryable_whatever_the_set():
+    assert is_retryable(0, frozenset({0, 1})) is False
 
 
 def test_a_killed_rank_says_which_signal_and_keeps_its_root_cause():
@@ -111,15 +128,16 @@ def test_an_exit_says_its_code():
     ],
 )
 def test_terminated_with_the_default_set(signum, exit_code, retryable):
-    outcome = terminated(signum, DEFAULT_RETRYABLE_EXIT_CODES)
+    outcome = terminated(signum)
 
-    assert (outcome.exit_code, outcome.retryable, outcome.reason) == (exit_code, retryable, "Terminated")
+    assert (outcome.exit_code, is_retryable(outcome.exit_code, DEFAULT_RETRYABLE_EXIT_CODES), outcome.reason) == (
+        exit_code, retryable, "Terminated")
     assert signum.name in outcome.message
 
 
 def test_terminated_follows_a_custom_retryable_set():
-    assert terminated(signal.SIGTERM, frozenset({1})).retryable is False
-    assert terminated(signal.SIGHUP, frozenset({129})).retryable is True
+    assert retryable(terminated(signal.SIGTERM), frozenset({1})) is False
+    assert retryable(terminated(signal.SIGHUP), frozenset({129})) is True
 
 
 # --- the termination message --------------------------------------------------------------------
@@ -128,7 +146,6 @@ def test_terminated_follows_a_custom_retryable_set():
 def big_outcome(char: str = "x") -> Outcome:
     return Outcome(
         exit_code=138,
-        retryable=True,
         reason="NodeFault",
         message=char * 100_000,
         root_cause=RootCause(node="tj-node-0-3", rank=27, local_rank=3, exit_code=None, signal="SIGABRT"),
@@ -139,7 +156,7 @@ def big_outcome(char: str = "x") -> Outcome:
 
 @pytest.mark.parametrize("char", ["x", "é", "\u2603", '"'], ids=["ascii", "latin1", "snowman", "quote"])
 def test_termination_message_fits_kubernetes_4096_bytes_and_keeps_the_essentials(char):
-    text = big_outcome(char).termination_message()
+    text = big_outcome(char).termination_message(DEFAULT_RETRYABLE_EXIT_CODES)
 
     assert len(text.encode()) <= 4096
     data = json.loads(text)
@@ -154,7 +171,7 @@ def test_termination_message_fits_kubernetes_4096_bytes_and_keeps_the_essentials
 def test_a_small_termination_message_is_complete():
     outcome = classify(3, root_cause=RootCause(node="n", rank=0, exit_code=3), what="rank 0").with_extra(
         failedRanks=[0])
-    data = json.loads(outcome.termination_message())
+    data = json.loads(outcome.termination_message(DEFAULT_RETRYABLE_EXIT_CODES))
 
     assert data == {
         "retryable": False, "exitCode": 3, "reason": "Failed", "message": "rank 0 exited with code 3",
@@ -162,6 +179,13 @@ def test_a_small_termination_message_is_complete():
         "failedRanks": [0],
     }
     assert Outcome.from_json(data) == outcome
+
+
+def test_a_message_read_back_is_judged_by_the_readers_retryable_set():
+    message = classify(3).termination_message(frozenset({3}))
+    assert json.loads(message)["retryable"] is True
+    outcome = Outcome.from_json(json.loads(message))
+    assert json.loads(outcome.termination_message(DEFAULT_RETRYABLE_EXIT_CODES))["retryable"] is False
 
 
 # --- node-fault evidence ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from launcher.outcome import (
     ConfigError,
     WaitTimeout,
     classify,
+    is_retryable,
     terminated,
 )
 from launcher.settings import LauncherSettings, MpiSettings
@@ -295,7 +296,7 @@ def every_outcome():
     outcomes = [classify(code) for code in range(1, 256)]
     outcomes += [classify(-signum) for signum in range(1, 65)]
     outcomes += [classify(1, evidence="NCCL communicator was aborted"), classify(-signal.SIGABRT, evidence="Xid 79")]
-    outcomes += [terminated(signum, DEFAULT_RETRYABLE_EXIT_CODES)
+    outcomes += [terminated(signum)
                  for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)]
     outcomes += [ConfigError("STORAGE_URI", "ftp://x", "an hf:// or s3:// URI").outcome(), WaitTimeout("no master").outcome()]
     return outcomes
@@ -308,7 +309,7 @@ def test_kubernetes_retries_exactly_the_failures_the_launcher_calls_retryable(na
     for rjob_name, rjob in replicated_jobs(doc).items():
         container = only_container(rjob)["name"]
         for outcome in every_outcome():
-            expected = "RestartJobSet" if outcome.retryable else "FailJobSet"
+            expected = "RestartJobSet" if is_retryable(outcome.exit_code, DEFAULT_RETRYABLE_EXIT_CODES) else "FailJobSet"
             got = verdict(doc, rjob_name, {container: outcome.exit_code})
             assert got == expected, (rjob_name, outcome.exit_code, outcome.reason)
 
@@ -327,7 +328,7 @@ def test_kubernetes_retries_exactly_the_failures_the_launcher_calls_retryable(na
 def test_what_happens_to_a_trainjob_whose_trainer_exits_with(code, expected):
     doc = DOCS["torch-distributed.yaml"]
     assert verdict(doc, "node", {"node": code}) == expected
-    assert classify(code).retryable == (expected == "RestartJobSet")
+    assert is_retryable(classify(code).exit_code, DEFAULT_RETRYABLE_EXIT_CODES) == (expected == "RestartJobSet")
 
 
 def test_a_preempted_pod_is_replaced_without_counting_whatever_its_exit_code():

@@ -14,6 +14,7 @@ On disk, inside the target directory:
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import json
@@ -43,6 +44,29 @@ class PermanentError(Exception):
     def __init__(self, message: str, reason: str = "StorageError"):
         super().__init__(message)
         self.reason = reason
+
+
+# Local file-system errors that a retry of the same pod spec meets again: the volume's
+# permissions, a read-only or full volume (quota included), a path that cannot be a directory.
+# Every other errno (EIO, ESTALE, ETIMEDOUT, ENOMEM, EMFILE, ...) may heal on another try.
+PERMANENT_ERRNOS: dict[int, str] = {
+    errno.EACCES: "PermissionDenied",
+    errno.EPERM: "PermissionDenied",
+    errno.EROFS: "ReadOnlyFileSystem",
+    errno.ENOSPC: "NoSpace",
+    errno.EDQUOT: "NoSpace",
+    errno.EFBIG: "NoSpace",
+    errno.ENOTDIR: "BadPath",
+    errno.EISDIR: "BadPath",
+    errno.EEXIST: "BadPath",
+    errno.ENAMETOOLONG: "BadPath",
+    errno.ELOOP: "BadPath",
+}
+
+
+def permanent_os_error(error: OSError) -> str | None:
+    """The reason an OSError will not heal on retry, or None when it may."""
+    return PERMANENT_ERRNOS.get(error.errno)
 
 
 @dataclass(frozen=True)

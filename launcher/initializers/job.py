@@ -7,8 +7,10 @@ import signal
 import tarfile
 import zipfile
 
-from launcher import log, settings
-from launcher.initializers.engine import Engine, PermanentError, Summary, TransientError, safe_destination, select
+from launcher import log, settings, workspace
+from launcher.initializers.engine import (
+    Engine, PermanentError, Summary, TransientError, permanent_os_error, safe_destination, select,
+)
 from launcher.initializers.uri import StorageUri, parse_storage_uri
 from launcher.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome, terminated
 from launcher.report import deliver, run_command
@@ -27,6 +29,7 @@ def run_init(kind: str, launcher_overrides: dict[str, Override], init_overrides:
             raise ConfigError("STORAGE_URI", None, "where to download from: hf://OWNER/NAME, s3://BUCKET/PREFIX, file:///PATH or https://HOST/FILE")
         uri = parse_storage_uri(init.storage_uri)
         target = os.path.abspath(init.output_path or TARGETS[kind])
+        workspace.warn_if_unwritable(target)
         signal.signal(signal.SIGTERM, lambda *_: _stop(signal.SIGTERM, launcher))
         return _initialize(kind, uri, target, init)
 
@@ -35,7 +38,7 @@ def run_init(kind: str, launcher_overrides: dict[str, Override], init_overrides:
 
 def _stop(signum: int, launcher: LauncherSettings) -> None:
     """Partial files stay in the parts directory, to be resumed; nothing half-written is final."""
-    code = deliver(terminated(signum, launcher.retryable_exit_codes), launcher.termination_log)
+    code = deliver(terminated(signum), launcher.termination_log, launcher.retryable_exit_codes)
     os._exit(code)
 
 
@@ -64,13 +67,25 @@ def _initialize(kind: str, uri: StorageUri, target: str, init: InitSettings) -> 
                          ranged_min=init.ranged_min).run(files)
         if init.extract and uri.scheme in ("https", "http") and files and files[0].path.endswith(ARCHIVES):
             extract(os.path.join(target, files[0].path), target)
-    except PermanentError as error:
-        return Outcome(CONFIG_ERROR, False, error.reason, f"{uri.shown}: {error}", extra={"uri": uri.shown})
-    except TransientError as error:
-        return Outcome(TRANSIENT, True, "StorageUnavailable", f"{uri.shown}: {error}", extra={"uri": uri.shown})
-    except OSError as error:
-        return Outcome(TRANSIENT, True, "LocalIOError", f"{target}: {error.strerror}", extra={"uri": uri.shown})
-    return Outcome(0, False, "Succeeded", _said(summary, uri, target), extra={"uri": uri.shown})
+    except (PermanentError, TransientError, OSError) as error:
+        return failure_outcome(error, uri, target)
+    return Outcome(0, "Succeeded", _said(summary, uri, target), extra={"uri": uri.shown})
+
+
+def failure_outcome(error: PermanentError | TransientError | OSError, uri: StorageUri, target: str) -> Outcome:
+    """The row of the exit-code table for a failed initialization: what no retry fixes (a
+    permanent storage error, a target the pod may not write or that is full) exits 2, the rest
+    138. Retryable follows from the code, at delivery."""
+    extra = {"uri": uri.shown}
+    if isinstance(error, PermanentError):
+        return Outcome(CONFIG_ERROR, error.reason, f"{uri.shown}: {error}", extra=extra)
+    if isinstance(error, TransientError):
+        return Outcome(TRANSIENT, "StorageUnavailable", f"{uri.shown}: {error}", extra=extra)
+    where = error.filename if isinstance(error.filename, str) else target
+    said = f"{where}: {error.strerror or error}"
+    if reason := permanent_os_error(error):
+        return Outcome(CONFIG_ERROR, reason, said, extra=extra)
+    return Outcome(TRANSIENT, "LocalIOError", said, extra=extra)
 
 
 def _said(summary: Summary, uri: StorageUri, target: str) -> str:

@@ -7,7 +7,7 @@ import re
 from typing import Iterator
 from urllib.parse import quote
 
-from launcher.initializers.engine import CorruptDataError, PermanentError, RemoteFile, TransientError
+from launcher.initializers.engine import CorruptDataError, PermanentError, RemoteFile, TransientError, permanent_os_error
 from launcher.initializers.http import get_range, open_url
 from launcher.initializers.uri import StorageUri
 
@@ -50,6 +50,8 @@ class FileSource:
         except FileNotFoundError:
             raise PermanentError(f"{file.key} disappeared", "NotFound") from None
         except OSError as error:
+            if reason := permanent_os_error(error):
+                raise PermanentError(f"{file.key}: {error.strerror}", reason) from None
             raise TransientError(f"{file.key}: {error.strerror}") from None
 
 
@@ -71,6 +73,27 @@ class HttpsSource:
 
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
         return get_range(self.url, {}, start, chunk_size, self.shown, end=end)
+
+
+# S3 error codes that no retry fixes, and the reason each becomes (any other 4xx but 429 is a
+# permanent StorageError; 429, 5xx and codes without a status are transient).
+S3_PERMANENT_CODES: dict[str, str] = {
+    **dict.fromkeys(("NoSuchBucket", "NoSuchKey", "404", "NotFound"), "NotFound"),
+    **dict.fromkeys(("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "401",
+                     "ExpiredToken", "InvalidToken"), "AuthFailed"),
+}
+# botocore's own errors (raised before any request) that mean the configuration is wrong: a retry
+# finds the same environment. The rest (EndpointConnectionError, timeouts, ...) are transient.
+BOTOCORE_PERMANENT: dict[str, str] = {
+    "NoCredentialsError": "NoCredentials",
+    "PartialCredentialsError": "NoCredentials",
+    "ProfileNotFound": "NoCredentials",
+    "InvalidConfigError": "ConfigError",
+    "NoRegionError": "ConfigError",
+    "InvalidRegionError": "ConfigError",
+    "ParamValidationError": "ConfigError",
+}
+_NO_CREDENTIALS = "no credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY (or ROLE_ARN)"
 
 
 class S3Source:
@@ -111,16 +134,19 @@ class S3Source:
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             if code == "InvalidRange":
                 raise CorruptDataError(f"{what}: the partial file is longer than the object") from None
-            if code in ("NoSuchBucket", "NoSuchKey", "404", "NotFound"):
-                raise PermanentError(f"{what}: {code}", "NotFound") from None
-            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "401",
-                        "ExpiredToken", "InvalidToken") or status in (401, 403):
+            if code in S3_PERMANENT_CODES:
+                raise PermanentError(f"{what}: {code}", S3_PERMANENT_CODES[code]) from None
+            if status in (401, 403):
                 raise PermanentError(f"{what}: {code}", "AuthFailed") from None
             if status and status < 500 and status != 429:
                 raise PermanentError(f"{what}: {code or status}", "StorageError") from None
             raise TransientError(f"{what}: {code or status}") from None
         except BotoCoreError as error:
-            raise TransientError(f"{what}: {type(error).__name__}") from None
+            name = type(error).__name__
+            if reason := BOTOCORE_PERMANENT.get(name):
+                said = _NO_CREDENTIALS if name == "NoCredentialsError" else f"{name}: {' '.join(str(error).split())}"
+                raise PermanentError(f"{what}: {said}", reason) from None
+            raise TransientError(f"{what}: {name}") from None
 
     def list(self) -> list[RemoteFile]:
         def page_through() -> list[dict]:
