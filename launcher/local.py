@@ -14,12 +14,14 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 
 from launcher import log, settings
-from launcher.outcome import PEER_LOSS_PATTERN, ConfigError, Outcome, classify, evidence_regex, success, terminated
+from launcher.job_outcome import NodeOutcome, root_cause
+from launcher.outcome import ConfigError, Outcome, classify, evidence_regex, success, terminated
 from launcher.report import run_command
 from launcher.settings import LauncherSettings, Override, parse_host
 from launcher.supervisor import Child, Supervisor
@@ -36,6 +38,7 @@ class LocalJob:
     trainjob: str
     master_port: int
     namespaces: bool
+    without_namespaces_because: str | None = None  # said once in the start line when auto fell back
 
     def pod(self, index: int) -> str:
         return f"{self.trainjob}-node-0-{index}"
@@ -81,8 +84,28 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _can_isolate() -> bool:
-    return os.geteuid() == 0 and shutil.which("unshare") is not None and shutil.which("mount") is not None
+# Every emulated node (torch and MPI) enters its namespaces so; isolation_problem() probes exactly this.
+UNSHARE_NODE = ("unshare", "--mount", "--uts", "--propagation", "private", "--")
+
+
+def isolation_problem(tools: tuple[str, ...] = ()) -> str | None:
+    """Why this host cannot give each node its own mount and UTS namespace, in a few words; None
+    when it can. Besides root and the tools, a node needs an /etc/hosts to bind its private copy
+    over, and a root directory whose propagation unshare can make private (a chroot's / is not a
+    mount point, so it cannot): the probe runs exactly what a node would."""
+    if os.geteuid() != 0:
+        return "they need root"
+    missing = [tool for tool in ("unshare", "mount", "hostname", *tools) if shutil.which(tool) is None]
+    if missing:
+        return f"{', '.join(missing)} not found on PATH"
+    if not os.path.isfile("/etc/hosts"):
+        return "there is no /etc/hosts to bind each node's private one over"
+    probe = subprocess.run([*UNSHARE_NODE, "true"], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if probe.returncode != 0:
+        said = (probe.stderr.strip().splitlines() or [f"unshare exited {probe.returncode}"])[-1]
+        hint = " (/ is not a mount point, as in a chroot)" if "propagation" in said else ""
+        return f"{said}{hint}"
+    return None
 
 
 def run_local(
@@ -123,20 +146,25 @@ def _job(nnodes: str, nproc: str, trainjob: str, master_port: str | None, isolat
         port = settings.int_in(1, 65535, "a port")(port)
     except ValueError as error:
         raise ConfigError("--master-port", master_port, str(error)) from None
-    if isolation == "namespaces" and not _can_isolate():
-        raise ConfigError("--isolation", isolation, "root and unshare(1) for per-node namespaces (or --isolation none)")
-    return LocalJob(count, nproc_value, trainjob, port, isolation == "namespaces" or (isolation == "auto" and _can_isolate()))
+    problem = None if isolation == "none" else isolation_problem()
+    if isolation == "namespaces" and problem:
+        raise ConfigError("--isolation", isolation, f"a host that allows per-node namespaces, but {problem} "
+                                                    "(use --isolation auto or none)")
+    return LocalJob(count, nproc_value, trainjob, port, isolation != "none" and problem is None, problem)
 
 
 def _run(job: LocalJob, launcher: LauncherSettings, overrides: dict[str, Override], rest: list[str]) -> Outcome:
     workdir = tempfile.mkdtemp(prefix="trainer-launcher-local-")
     try:
         hosts = os.path.join(workdir, "hosts")
-        with open("/etc/hosts") as current, open(hosts, "w") as private:
-            private.write(job.hosts_file(current.read()))
+        if job.namespaces:  # isolation_problem() found /etc/hosts there
+            with open("/etc/hosts") as current, open(hosts, "w") as private:
+                private.write(job.hosts_file(current.read()))
         knobs = [arg for name, o in overrides.items() if name != "termination_log" for arg in (o.source, str(o.value))]
+        isolation = " (per-node namespaces)" if job.namespaces else (
+            f" (no per-node namespaces: {job.without_namespaces_because})" if job.without_namespaces_because else "")
         log.info(f"local: {job.nnodes} nodes x {job.nproc_per_node} processes, master {job.master_addr}:{job.master_port}"
-                 f"{' (per-node namespaces)' if job.namespaces else ''}")
+                 f"{isolation}")
         nodes: list[Child] = []
         with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
             for index in range(job.nnodes):
@@ -144,8 +172,7 @@ def _run(job: LocalJob, launcher: LauncherSettings, overrides: dict[str, Overrid
                 env["LAUNCHER_TERMINATION_LOG"] = os.path.join(workdir, f"node-{index}.json")
                 argv = [sys.executable, "-m", "launcher", "torch", *knobs, "--", "--tee", "3", *rest]
                 if job.namespaces:
-                    argv = ["unshare", "--mount", "--uts", "--propagation", "private", "--",
-                            "sh", "-c", _ENTER_NODE, hosts, job.pod(index), *argv]
+                    argv = [*UNSHARE_NODE, "sh", "-c", _ENTER_NODE, hosts, job.pod(index), *argv]
                 nodes.append(supervisor.spawn(f"node-{index}", argv, env, transform=node_prefix(index)))
             supervisor.run()
         return local_outcome(supervisor, nodes, workdir, launcher.retryable_exit_codes, job)
@@ -154,25 +181,19 @@ def _run(job: LocalJob, launcher: LauncherSettings, overrides: dict[str, Overrid
 
 
 def local_outcome(supervisor: Supervisor, nodes: list[Child], workdir: str, codes: frozenset[int], job: LocalJob) -> Outcome:
-    """One outcome for the whole job: the node that failed on its own first is the root cause.
-
-    A node whose ranks only saw a peer vanish (connection reset/closed by peer) is a victim: it
-    ranks after a node that failed for a reason of its own, even if it exited a moment earlier.
-    """
-    candidates = []
-    for index, node in enumerate(nodes):
-        if node.returncode in (0, None):
-            continue
-        outcome = _node_outcome(index, node, workdir, codes, job)
-        if outcome.reason == "Terminated":
-            continue  # it stopped because we (or the signal we forwarded) told it to
-        victim = bool(PEER_LOSS_PATTERN.search(outcome.evidence or ""))
-        candidates.append((victim, node.exited_at, outcome))
-    if candidates:
-        return min(candidates, key=lambda c: (c[0], c[1]))[2]
+    """One outcome for the whole job: the node that failed on its own first is the root cause
+    (launcher.job_outcome), not a node that stopped because of it, nor one whose ranks only saw
+    a peer vanish, even if it exited a moment earlier. All nodes share this machine's clock."""
+    said = [NodeOutcome(index, job.pod(index), _node_outcome(index, node, workdir, codes, job), node.exited_at)
+            for index, node in enumerate(nodes) if node.returncode not in (0, None)]
+    root = root_cause(said)
+    if root is not None:
+        return root.outcome
     if supervisor.received_signal is not None:
-        return terminated(supervisor.received_signal, codes)
-    return success()
+        return terminated(supervisor.received_signal)
+    # Every failed node stopped because of another that never said why: the first to go.
+    failed = sorted((n for n in said if n.outcome.reason != "Terminated"), key=lambda n: n.failed_at)
+    return failed[0].outcome if failed else success()
 
 
 def _node_outcome(index: int, node: Child, workdir: str, codes: frozenset[int], job: LocalJob) -> Outcome:

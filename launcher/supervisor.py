@@ -39,11 +39,12 @@ class Interrupted(Exception):
 
 
 class SpawnError(LauncherError):
-    reason = "CommandNotFound"
+    """The command could not be started: 127 not found, 126 not executable (as a shell says)."""
 
     def __init__(self, message: str, exit_code: int = COMMAND_NOT_FOUND):
         super().__init__(message)
         self.exit_code = exit_code
+        self.reason = "CommandNotFound" if exit_code == COMMAND_NOT_FOUND else "NotExecutable"
 
 
 def set_child_subreaper() -> bool:
@@ -110,6 +111,7 @@ class Supervisor:
         self._by_pid: dict[int, Child] = {}
         self._selector = selectors.DefaultSelector()
         self._streams: dict[int, _Stream] = {}
+        self._watched: dict[int, Callable[[], None]] = {}
         self._closed_targets: set[int] = set()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -187,6 +189,21 @@ class Supervisor:
             self._selector.register(stream.fd, selectors.EVENT_READ, stream)
         return child
 
+    def watch(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` from the loop whenever ``fd`` is readable (until ``unwatch``)."""
+        self._selector.register(fd, selectors.EVENT_READ, callback)
+        self._watched[fd] = callback
+
+    def unwatch(self, fd: int) -> None:
+        if self._watched.pop(fd, None) is not None:
+            self._selector.unregister(fd)
+
+    def drain(self) -> None:
+        """Relay (and scan) every line the children have written so far, without waiting."""
+        for stream in list(self._streams.values()):
+            while stream.fd in self._streams and self._read(stream):
+                pass
+
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self) -> list[Child]:
@@ -216,7 +233,9 @@ class Supervisor:
         for key, _ in self._selector.select(timeout):
             if key.fd == self._wake_r:
                 self._handle_signals()
-            else:
+            elif self._watched.get(key.fd) is key.data:
+                key.data()
+            elif self._streams.get(key.fd) is key.data:  # not closed by an earlier event of this batch
                 self._read(key.data)
         self._reap()
         if self.teardown_started is not None and not self._killed:
@@ -325,17 +344,19 @@ class Supervisor:
         if child.evidence is None and self.evidence is not None and self.evidence.search(text):
             child.evidence = text.strip()[:500]
 
-    def _read(self, stream: _Stream) -> None:
+    def _read(self, stream: _Stream) -> bool:
+        """Relay what one pipe holds; False once it is empty for now or closed."""
         try:
             data = os.read(stream.fd, 65536)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if data:
             stream.feed(data, self._write)
-        else:
-            self._close_stream(stream)
+            return True
+        self._close_stream(stream)
+        return False
 
     def _close_stream(self, stream: _Stream) -> None:
         stream.close(self._write)

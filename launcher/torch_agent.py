@@ -1,12 +1,15 @@
 """The torchrun agent: torchrun's own entry point in a child process.
 
 The launcher never imports torch. It starts this module as soon as it knows the job is a torch
-job, so ``import torch`` (about a second) overlaps the launcher's validation and DNS/port waits;
-then it sends the planned torchrun arguments over a pipe. torchrun reduces every worker failure
-to exit code 1; here we catch its failure record and hand it back as JSON, so the launcher can
-exit with the root-cause rank's own code.
+job, so ``import torch`` (about a second) overlaps the launcher's validation and DNS/port waits.
+Then, over the control pipe, the launcher sends one JSON line: the torchrun arguments, the
+environment changes and, for a multi-node job of fixed size, where the job's store is
+(launcher.torch_peers). torchrun reduces every worker failure to exit code 1; here we catch its
+failure record instead and write a report. The agent then tells the launcher (status pipe), which
+classifies this node's outcome (it alone has seen the ranks' output) and sends it back as a second
+line. Only then does the agent share it with the other nodes, wait for theirs, and exit.
 
-Usage (internal): python -m launcher.torch_agent --control-fd FD --report PATH
+Usage (internal): python -m launcher.torch_agent --control-fd FD --status-fd FD --report PATH --job PATH
 """
 
 from __future__ import annotations
@@ -15,26 +18,20 @@ import json
 import os
 import signal
 import sys
+import threading
+from typing import NoReturn
 
 
-def _write_report(path: str, data: dict) -> None:
+def _write_json(path: str, data: object) -> None:
     temporary = f"{path}.tmp"
     with open(temporary, "w") as handle:
         json.dump(data, handle)
     os.replace(temporary, path)
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)
-
-
-def _workers_die_with_agent() -> None:
+def _track_workers(workers: list) -> None:
     """torchrun starts each worker in a new session; give them PR_SET_PDEATHSIG so a SIGKILLed
-    agent (or launcher) never leaves ranks running."""
+    agent (or launcher) never leaves ranks running, and keep their handles for the peer watcher."""
     import ctypes
 
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
@@ -51,19 +48,21 @@ def _workers_die_with_agent() -> None:
                 os._exit(128 + signal.SIGKILL)
 
         kwargs.setdefault("preexec_fn", in_child)
-        return real_popen(*args, **kwargs)
+        process = real_popen(*args, **kwargs)
+        workers.append(process)
+        return process
 
     subprocess_handler.Popen = popen
 
 
-def _failure_record(error) -> dict:
+def _failure_record(failures: dict) -> dict:
     """Every failed rank, and the root cause: the earliest failure that torchrun's own teardown
     did not cause. torchrun records the ranks it SIGTERMed after the first failure as failures
     too, with timestamps in whole seconds, so its ``get_first_failure`` can name a victim."""
-    failures = []
-    for rank, failure in error.failures.items():  # torchrun inserts real failures first
+    found = []
+    for rank, failure in failures.items():  # torchrun inserts real failures first
         signaled = failure.exitcode < 0
-        failures.append({
+        found.append({
             "rank": int(rank),
             "localRank": failure.local_rank,
             "exitCode": None if signaled else failure.exitcode,
@@ -72,55 +71,153 @@ def _failure_record(error) -> dict:
             # Only a worker that used @record wrote a message; otherwise torchrun's is a doc link.
             "message": str(failure.message)[:1000] if os.path.isfile(failure.error_file) else None,
         })
-    own = [f for f in failures if f["signal"] != "SIGTERM"] or failures
+    own = [f for f in found if f["signal"] != "SIGTERM"] or found
     root = min(own, key=lambda f: f["timestamp"])
-    return {"failures": failures, "rootRank": root["rank"]}
+    return {"failures": found, "rootRank": root["rank"]}
+
+
+def _publish_final_failures(peers) -> None:
+    """Tell the other nodes the moment torchrun sees a failure it will not restart from, before
+    it spends time stopping the other local ranks."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    monitor = LocalElasticAgent._monitor_workers
+
+    def watched(self, worker_group):
+        result = monitor(self, worker_group)
+        final = getattr(self, "_remaining_restarts", 0) <= 0
+        if final and result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            peers.publish_stop(_stop_record(result.failures))
+        return result
+
+    LocalElasticAgent._monitor_workers = watched
+
+
+def _stop_record(failures: dict) -> dict:
+    if not failures:
+        return {}
+    record = _failure_record(failures)
+    root = next(f for f in record["failures"] if f["rank"] == record["rootRank"])
+    return {key: root[key] for key in ("rank", "localRank", "exitCode", "signal")}
+
+
+class Agent:
+    def __init__(self, control, status_fd: int, report: str, job: str, grace: float):
+        self.control, self.status_fd, self.report, self.job = control, status_fd, report, job
+        self.grace = grace
+        self.peers = None
+        self.workers: list = []
+        self._stopping = False  # we SIGTERMed ourselves because a peer failed
+        self._finishing = threading.Lock()
+
+    def run(self, torchrun, args: list[str]) -> NoReturn:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+        try:
+            torchrun.main(args)
+        except ChildFailedError as error:
+            if self.peers is not None:
+                self.peers.publish_stop(_stop_record(error.failures))  # a no-op if the hook did it
+            self.finish({**_failure_record(error.failures), **self._stopped_by(), "exitCode": 1})
+        except SignalException as error:
+            code = 128 + error.sigval
+            if self._stopping:
+                self.finish({**self._stopped_by(), "exitCode": code})
+            self.finish({"signal": signal.Signals(error.sigval).name, "exitCode": code})
+        except SystemExit as error:  # torchrun's own argument errors
+            code = error.code if isinstance(error.code, int) else 2
+            if code:
+                self.finish({"agentError": "torchrun rejected its arguments", "exitCode": code})
+        except Exception as error:  # rendezvous and store failures end up here
+            print(f"trainer-launcher: torchrun failed: {type(error).__name__}: {error}", file=sys.stderr)
+            self.finish({"agentError": f"{type(error).__name__}: {error}"[:1000], "type": type(error).__name__,
+                         "exitCode": 1})
+        self.finish({"succeeded": True, "exitCode": 0})
+
+    def _stopped_by(self) -> dict:
+        peers = self.peers
+        return {"stoppedBy": peers.stop_record} if peers is not None and peers.role == "victim" else {}
+
+    def on_peer_stop(self, record: dict) -> NoReturn:
+        """A peer failed (watcher thread). With ranks running, SIGTERM ourselves: torchrun's own
+        handler stops them and raises in the main thread, which finishes. Without (torchrun sits in
+        its exit barrier, blocked in the store, where no signal handler runs), finish from here."""
+        if any(worker.poll() is None for worker in self.workers):
+            self._stopping = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            # torchrun waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT (the grace period) for its ranks.
+            threading.Event().wait(self.grace + 10)
+            from launcher.torch_peers import stop_local_ranks
+
+            stop_local_ranks(self.workers, 0)
+            self.finish({"stoppedBy": record, "exitCode": 128 + signal.SIGTERM})
+        self.finish({"stoppedBy": record, "succeeded": True, "exitCode": 0})
+
+    def finish(self, report: dict) -> NoReturn:
+        """Report, hear the launcher's verdict, share it with the other nodes, exit. Runs once:
+        whichever thread gets here first ends the process."""
+        self._finishing.acquire()
+        _write_json(self.report, report)
+        try:
+            os.write(self.status_fd, b"reported\n")
+            verdict = self.control.readline()
+        except OSError:
+            verdict = b""  # the launcher is gone
+        if self.peers is not None:
+            outcome = json.loads(verdict) if verdict.strip() else None
+            _write_json(self.job, self.peers.conclude(outcome))
+        # Nothing is left to do: skip the interpreter's (and torch's) finalisation, which would
+        # only delay the launcher's exit.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(report["exitCode"])
 
 
 def main(argv: list[str]) -> int:
-    control_fd, report = int(argv[argv.index("--control-fd") + 1]), argv[argv.index("--report") + 1]
+    def arg(name: str) -> str:
+        return argv[argv.index(name) + 1]
+
+    control = os.fdopen(int(arg("--control-fd")), "rb")
+    agent = Agent(control, int(arg("--status-fd")), arg("--report"), arg("--job"), 25.0)
     # The launcher sends SIGUSR1/SIGUSR2 to every rank's group directly; the agent must survive them.
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda *_: None)
+    # The agent's own C++ warnings are store chatter (a peer that left); the ranks keep the
+    # user's level: the variable is read once, when torch loads.
+    quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
+    if quiet:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     try:
         import torch.distributed.run as torchrun
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     except ImportError as error:
-        _write_report(report, {"error": f"torch is not importable ({error}): install torch in this image"})
-        return 2
-    request = _read_all(control_fd)
+        agent.finish({"error": f"torch is not importable ({error}): install torch in this image", "exitCode": 2})
+    if quiet:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+    request = control.readline()
     if not request:
         return 0  # the launcher gave up before starting (bad config, timeout, signal)
     plan = json.loads(request)
     for name in plan["unset"]:
         os.environ.pop(name, None)
     os.environ.update(plan["env"])
-    _workers_die_with_agent()
-    try:
-        torchrun.main(plan["args"])
-    except ChildFailedError as error:
-        _write_report(report, _failure_record(error))
-        return 1
-    except SignalException as error:
-        _write_report(report, {"signal": signal.Signals(error.sigval).name})
-        return 128 + error.sigval
-    except SystemExit as error:  # torchrun's own argument errors
-        code = error.code if isinstance(error.code, int) else 2
-        if code:
-            _write_report(report, {"agentError": "torchrun rejected its arguments", "exitCode": code})
-        return code
-    except Exception as error:  # rendezvous and store failures end up here
-        _write_report(report, {"agentError": f"{type(error).__name__}: {error}"[:1000], "type": type(error).__name__})
-        print(f"trainer-launcher: torchrun failed: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
+    agent.grace = float(plan.get("grace", agent.grace))
+    # How long torchrun gives its ranks after SIGTERM: the launcher's grace, unless you chose.
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(agent.grace))))
+    _track_workers(agent.workers)
+    if plan.get("peers"):
+        from launcher.torch_peers import PeerConfig, Peers
+
+        agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop)
+        _publish_final_failures(agent.peers)
+        agent.peers.start()
+    agent.run(torchrun, plan["args"])
     return 0
 
 
 if __name__ == "__main__":
     code = main(sys.argv[1:])
-    # Nothing is left to do once torchrun has returned and the report is written: skip the
-    # interpreter's (and torch's) finalisation, which would only delay the launcher's exit.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

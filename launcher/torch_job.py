@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from launcher.outcome import (
     CONFIG_ERROR, TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex, success, terminated,
 )
+from launcher.job_outcome import NodeOutcome, job_outcome, stopped_by
 from launcher.supervisor import Child, Interrupted, Supervisor
 
 if TYPE_CHECKING:
@@ -25,12 +26,18 @@ if TYPE_CHECKING:
     from launcher.torch_plan import TorchPlan
 
 # torchrun exceptions that mean the network or the other nodes, not the program.
+# After its own verdict, how much longer than the grace period a node waits for the others':
+# they may be stopping ranks that ignore SIGTERM.
+PEER_LINGER = 15.0
 _RENDEZVOUS_ERRORS = ("Rendezvous", "DistStoreError", "DistNetworkError", "TimeoutError", "ConnectionError", "gaierror")
 
 
-def make_plan(rest: list[str], require_program: bool = True) -> tuple[TorchPlan, HostFacts]:
-    """Read and validate the environment and the torchrun flags after ``--``; plan the run."""
-    from launcher import settings
+def make_plan(rest: list[str], require_program: bool = True,
+              launcher: LauncherSettings | None = None) -> tuple[TorchPlan, HostFacts]:
+    """Read and validate the environment and the torchrun flags after ``--``; plan the run.
+    ``launcher``: the loaded knobs, flags included (None: their defaults). What the plan changed
+    on its own (fewer accelerators than PET_NPROC_PER_NODE) is logged here."""
+    from launcher import log, settings
     from launcher.devices import probe_host
     from launcher.settings import HostEnv, TorchSettings
     from launcher.torch_plan import plan_torch, split_torchrun_args
@@ -44,65 +51,120 @@ def make_plan(rest: list[str], require_program: bool = True) -> tuple[TorchPlan,
     }
     host = probe_host(settings.load(HostEnv))
     if not require_program and not run.program:
-        run = type(run)(run.overrides, run.passthrough, ("SCRIPT",))
-    return plan_torch(torch, host, run, sources), host
+        run = type(run)(run.given, ("SCRIPT",))
+    plan = plan_torch(torch, host, run, sources, keep_nproc=launcher is not None and launcher.keep_nproc)
+    for warning in plan.warnings:
+        log.warning(warning)
+    return plan, host
 
 
 def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
-    termination_log = None
+    termination_log, codes = None, None
     with Supervisor() as supervisor:
-        report_dir = tempfile.mkdtemp(prefix="trainer-launcher-")
+        workdir = tempfile.mkdtemp(prefix="trainer-launcher-")
+        report_path, job_path = os.path.join(workdir, "report.json"), os.path.join(workdir, "job.json")
         control_r, control_w = os.pipe()
+        status_r, status_w = os.pipe()
+        control = _Control(control_w)
         try:
             # Start importing torch now, while we validate and wait.
             agent = supervisor.spawn(
                 "torchrun",
                 [sys.executable, "-m", "launcher.torch_agent", "--control-fd", str(control_r),
-                 "--report", os.path.join(report_dir, "report.json")],
-                pass_fds=(control_r,),
+                 "--status-fd", str(status_w), "--report", report_path, "--job", job_path],
+                pass_fds=(control_r, status_w),
             )
             os.close(control_r)
-            from launcher import log, settings
+            os.close(status_w)
+            from launcher import log, settings, workspace
             from launcher.report import deliver
             from launcher.settings import LauncherSettings
 
             try:
                 launcher = settings.load(LauncherSettings, launcher_overrides)
-                termination_log = launcher.termination_log
+                termination_log, codes = launcher.termination_log, launcher.retryable_exit_codes
                 log.configure(launcher.log_format)
-                plan, host = make_plan(rest)
+                workspace.warn_if_unwritable()
+                plan, host = make_plan(rest, launcher=launcher)
             except LauncherError:
                 supervisor.kill_all()
                 raise
+            node = host.hostname
             supervisor.grace_period = launcher.grace_period
             supervisor.evidence = evidence_regex(launcher.retryable_pattern)
             log.info(_summary(plan), plan=plan.to_json())
+            verdict: list[Outcome] = []
+
+            def on_report() -> None:
+                # The agent has reported and waits for this node's outcome, to share it with the
+                # other nodes. Every rank is gone: relay what they wrote before judging. (End of
+                # file instead: the agent died without a report; judged once it is reaped.)
+                supervisor.unwatch(status_r)
+                if not os.read(status_r, 64):
+                    return
+                supervisor.drain()
+                verdict.append(torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node))
+                control.send(verdict[0].to_json(codes))
+                control.close()
+
+            supervisor.watch(status_r, on_report)
             try:
                 _wait(plan, launcher, supervisor)
-                os.write(control_w, json.dumps(
-                    {"args": [*plan.torchrun_args, *plan.program], "env": plan.env_set, "unset": list(plan.env_unset)}
-                ).encode())
-            except (Interrupted, BrokenPipeError):
-                pass  # a signal, or the agent exited early: the supervisor already knows
+                control.send({"args": [*plan.torchrun_args, *plan.program], "env": plan.env_set,
+                              "unset": list(plan.env_unset), "grace": launcher.grace_period,
+                              "peers": _peers(plan, node, launcher.grace_period)})
+            except Interrupted:
+                control.close()  # a signal, or the agent exited early: the supervisor already knows
             except LauncherError as error:
+                control.close()
                 supervisor.kill_all()
                 supervisor.run()
-                return deliver(error.outcome().on_node(host.hostname), termination_log)
-            finally:
-                os.close(control_w)
-                control_w = -1
+                return deliver(error.outcome().on_node(node), termination_log, codes)
             supervisor.run()
-            report = _read_report(os.path.join(report_dir, "report.json"))
-            outcome = torch_outcome(supervisor, agent, report, launcher.retryable_exit_codes, host.hostname)
-            return deliver(outcome, termination_log)
+            own = verdict[0] if verdict else torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node)
+            nodes = [_node_outcome(summary) for summary in _read_json(job_path, [])]
+            return deliver(job_outcome(own, plan.node_rank, node, nodes), termination_log, codes)
         except LauncherError as error:
             from launcher.report import deliver
 
-            return deliver(error.outcome(), termination_log)
+            return deliver(error.outcome(), termination_log, codes)
         finally:
-            if control_w != -1:
-                os.close(control_w)
-            shutil.rmtree(report_dir, ignore_errors=True)
+            control.close()
+            os.close(status_r)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Control:
+    """The pipe to the agent: JSON lines until closed; a gone agent is not an error here (the
+    supervisor sees it exit)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def send(self, message: dict) -> None:
+        if self.fd == -1:
+            return
+        try:
+            os.write(self.fd, json.dumps(message).encode() + b"\n")
+        except BrokenPipeError:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd != -1:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _peers(plan: TorchPlan, node: str, grace: float) -> dict | None:
+    """Where the agents of a fixed-size multi-node job meet (launcher.torch_peers): the store
+    torchrun's rendezvous serves. Not for elastic jobs, where a node may leave and the rest go on,
+    nor without a node rank per node to tell the nodes apart."""
+    if plan.wait.store is None or ":" in plan.nnodes or plan.nnodes == "1":
+        return None
+    if plan.sources.get("node_rank", "default") == "default":
+        return None
+    return {"host": plan.wait.store[0], "port": plan.wait.store[1], "nnodes": int(plan.nnodes), "nodeRank": plan.node_rank,
+            "node": node, "linger": grace + PEER_LINGER}
 
 
 def _summary(plan: TorchPlan) -> str:
@@ -120,45 +182,74 @@ def _wait(plan: TorchPlan, launcher: LauncherSettings, supervisor: Supervisor) -
         netwait.wait_until_accepts(*plan.wait.connect, deadline, supervisor.sleep, log.info)
 
 
-def _read_report(path: str) -> dict:
+def _read_json(path: str, default):
     try:
         with open(path) as handle:
             return json.load(handle)
     except (OSError, ValueError):
-        return {}
+        return default
+
+
+def _node_outcome(summary: dict) -> NodeOutcome:
+    outcome = summary.get("outcome")
+    return NodeOutcome(summary["nodeRank"], summary["node"], Outcome.from_json(outcome) if outcome else None,
+                       summary.get("failedAt"))
 
 
 def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str) -> Outcome:
-    """Turn what the agent reported into a row of the exit-code table (``codes``: the retryable set)."""
+    """Turn what the agent reported into a row of the exit-code table (``codes``: the retryable set).
+    The agent may still be alive (it waits for this verdict): its report says how it will exit."""
+    returncode = agent.returncode if agent.returncode is not None else report.get("exitCode")
+    if "stoppedBy" in report:
+        return _stopped(report["stoppedBy"], codes, node)
     failed_first = supervisor.first_failure is agent
     if supervisor.received_signal is not None and not failed_first:
-        if agent.returncode == 0:
+        if returncode == 0:
             return success()
-        return terminated(supervisor.received_signal, codes).on_node(node)
-    if agent.returncode == 0:
+        return terminated(supervisor.received_signal).on_node(node)
+    if returncode == 0:
         return success()
     tail = {"lastLines": list(agent.tail)[-5:]} if agent.tail else {}
     if "failures" in report:
         root = next(f for f in report["failures"] if f["rank"] == report["rootRank"])
-        returncode = root["exitCode"] if root["exitCode"] is not None else -_signum(root["signal"])
         cause = RootCause(node=node, rank=root["rank"], local_rank=root["localRank"],
                           exit_code=root["exitCode"], signal=root["signal"])
-        outcome = classify(returncode, retryable_codes=codes, evidence=agent.evidence, root_cause=cause,
+        outcome = classify(_returncode(root), retryable_codes=codes, evidence=agent.evidence, root_cause=cause,
                            what=f"rank {root['rank']} (local rank {root['localRank']}) on {node}")
         if root.get("message"):
             tail = {**tail, "error": root["message"]}
         failed = [f["rank"] for f in report["failures"]]
         return outcome.with_extra(failedRanks=failed, **tail)
     if "error" in report:
-        return Outcome(CONFIG_ERROR, False, "ConfigError", report["error"], RootCause(node=node))
+        return Outcome(CONFIG_ERROR, "ConfigError", report["error"], RootCause(node=node))
     if "agentError" in report:
         message = f"torchrun on {node} failed: {report['agentError']}"
         if any(marker in report.get("type", "") or marker in report["agentError"] for marker in _RENDEZVOUS_ERRORS):
-            return Outcome(TRANSIENT, True, "RendezvousFailed", message, RootCause(node=node), agent.evidence, tail)
+            return Outcome(TRANSIENT, "RendezvousFailed", message, RootCause(node=node), agent.evidence, tail)
         if report.get("exitCode"):
-            return Outcome(CONFIG_ERROR, False, "ConfigError", message, RootCause(node=node))
-    return classify(agent.returncode, retryable_codes=codes, evidence=agent.evidence,
+            return Outcome(CONFIG_ERROR, "ConfigError", message, RootCause(node=node))
+    return classify(returncode if returncode is not None else 1, retryable_codes=codes, evidence=agent.evidence,
                     root_cause=RootCause(node=node), what=f"torchrun on {node}").with_extra(**tail)
+
+
+def _stopped(record: dict, codes: frozenset[int], node: str) -> Outcome:
+    """This node stopped its ranks because another node's failed (its stop record), or because
+    the node serving the job's store vanished without a word."""
+    if "lost" in record:
+        host = record["lost"].rsplit(":", 1)[0]
+        return Outcome(TRANSIENT, "PeerLost", f"the node serving the job's store at {record['lost']} is gone; "
+                                              f"{node} stopped its ranks", RootCause(node=host))
+    cause = RootCause(node=record.get("node"), rank=record.get("rank"), local_rank=record.get("localRank"),
+                      exit_code=record.get("exitCode"), signal=record.get("signal"))
+    what = f"rank {cause.rank} on {cause.node}" if cause.rank is not None else f"{cause.node}"
+    return stopped_by(classify(_returncode(record), retryable_codes=codes, root_cause=cause, what=what), node)
+
+
+def _returncode(failure: dict) -> int:
+    """A failure record's exit code, or minus its signal's number, as Popen reports them."""
+    if failure.get("exitCode") is not None:
+        return failure["exitCode"]
+    return -_signum(failure.get("signal"))
 
 
 def _signum(name: str | None) -> int:

@@ -2,7 +2,9 @@
 
 BEHAVIOUR  ok (default) | exit:<code> | kill:<SIGNAL> | ignore-term | nccl-error | sleep | usr1
 FAIL_RANK  the global rank that misbehaves (others wait in a barrier or sleep)
-REPORT_DIR each rank writes <rank>.json with what torchrun gave it and the all-reduce it saw
+OTHERS     sleep (default): the other ranks sleep | finish: they end at once, without a barrier
+REPORT_DIR each rank writes <rank>.json with what torchrun gave it and the all-reduce it saw;
+           the misbehaving rank writes <rank>.died (epoch seconds) just before it exits or dies
 """
 
 import json
@@ -17,7 +19,15 @@ import torch.distributed as dist
 rank = int(os.environ["RANK"])
 behaviour = os.environ.get("BEHAVIOUR", "ok")
 fail_rank = int(os.environ.get("FAIL_RANK", "-1"))
+others_finish = os.environ.get("OTHERS") == "finish"
 report_dir = os.environ.get("REPORT_DIR")
+
+
+def note_death() -> None:
+    if report_dir:
+        with open(os.path.join(report_dir, f".{rank}.died.tmp"), "w") as handle:
+            handle.write(repr(time.time()))
+        os.replace(os.path.join(report_dir, f".{rank}.died.tmp"), os.path.join(report_dir, f"{rank}.died"))
 
 if behaviour == "usr1":  # every rank notes SIGUSR1 in REPORT_DIR/<rank>.usr1
     signal.signal(signal.SIGUSR1, lambda *_: open(os.path.join(report_dir, f"{rank}.usr1"), "w").close())
@@ -41,13 +51,17 @@ if report_dir:
     os.replace(os.path.join(report_dir, f".{rank}.json.tmp"), os.path.join(report_dir, f"{rank}.json"))
 print(f"rank {rank} ready", flush=True)
 
+if rank != fail_rank and behaviour != "ok" and others_finish:
+    sys.exit(0)
 if behaviour in ("sleep", "usr1") or (rank != fail_rank and behaviour != "ok"):
     time.sleep(300)
 elif behaviour.startswith("exit:"):
     time.sleep(0.2)
+    note_death()
     sys.exit(int(behaviour.split(":")[1]))
 elif behaviour.startswith("kill:"):
     time.sleep(0.2)
+    note_death()
     os.kill(os.getpid(), getattr(signal, behaviour.split(":")[1]))
 elif behaviour == "ignore-term":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,0 +1,201 @@
+"""The nodes of one torch job, talking through the rendezvous store they already share.
+
+Runs inside the torch agent (torch is imported there anyway). torchrun leaves each node to
+itself: a rank that dies on node 1 leaves node 0's ranks running, or node 0 waiting in torchrun's
+exit barrier for 300 s and then reporting success; and when a job succeeds, the node hosting the
+store may exit while another still reads the barrier's last key ("Connection reset by peer").
+
+Over a second client connection to the same TCPStore (the one torchrun's rendezvous serves on the
+master address and port, or on the c10d endpoint), every agent:
+
+- publishes a stop record as soon as its own ranks have failed for good (no restarts left); the
+  first writer wins, so there is one stop record per job;
+- watches for that record and, when a peer wrote it, stops its own ranks;
+- publishes its node's outcome, as its launcher classified it, and reads every node's, so each
+  node can name the same root cause;
+- leaves only after every node has published (or ``linger`` seconds passed), so the node hosting
+  the store outlives every node still reading it.
+
+Keys live under ``trainer-launcher/``; a JobSet restart brings a new store (each agent hosts it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable
+
+PREFIX = "trainer-launcher/"
+STOP = PREFIX + "stop"
+DEPARTED = PREFIX + "departed"
+ALL_DEPARTED = PREFIX + "all-departed"
+READ = PREFIX + "read"
+ALL_READ = PREFIX + "all-read"
+CONNECT_TIMEOUT = 5.0
+POLL = 0.2  # seconds between looks at the stop record
+# After every node published, how long a node waits for the others to have read the summaries.
+READ_WAIT = 10.0
+
+
+def node_key(node_rank: int) -> str:
+    return f"{PREFIX}node/{node_rank}"
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """Where the job's store is and who we are, as the launcher planned it."""
+
+    host: str
+    port: int
+    nnodes: int
+    node_rank: int
+    node: str
+    linger: float  # seconds to wait for the other nodes to publish their outcome
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> PeerConfig | None:
+        if not data:
+            return None
+        return cls(data["host"], int(data["port"]), int(data["nnodes"]), int(data["nodeRank"]),
+                   data["node"], float(data["linger"]))
+
+
+class Peers:
+    """This node's side of the job-wide channel. ``on_stop`` runs on the watcher thread when a
+    peer's stop record arrives (or the store's host vanished) while this node has not finished."""
+
+    def __init__(self, config: PeerConfig, on_stop: Callable[[dict], None]):
+        self.config = config
+        self._on_stop = on_stop
+        self._lock = threading.Lock()
+        self.role: str | None = None  # "root" once we published the stop record, "victim" once a peer did
+        self.stop_record: dict | None = None
+        self.failed_at: float | None = None
+        self._finished = threading.Event()
+        self._store = None  # the main thread's connection (publishing, leaving)
+
+    # --- connections -------------------------------------------------------------------------
+
+    def _connect(self, deadline: float | None, give_up: threading.Event | None = None):
+        """A plain client (no world size: it must not count as one of torchrun's agents). Dialled
+        only once the port accepts: a TCPStore client that cannot connect logs C++ errors."""
+        from torch.distributed import TCPStore
+
+        pause = give_up or threading.Event()
+        while not pause.is_set() and (deadline is None or time.monotonic() < deadline):
+            try:
+                socket.create_connection((self.config.host, self.config.port), timeout=CONNECT_TIMEOUT).close()
+                return TCPStore(self.config.host, self.config.port, world_size=None, is_master=False,
+                                timeout=timedelta(seconds=CONNECT_TIMEOUT), wait_for_workers=False)
+            except Exception:  # not up yet (the master's agent creates it), or gone
+                pause.wait(POLL)
+        return None
+
+    def _main_store(self):
+        if self._store is None:
+            self._store = self._connect(time.monotonic() + CONNECT_TIMEOUT)
+        return self._store
+
+    # --- watching ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="trainer-launcher-peers", daemon=True).start()
+
+    def _watch(self) -> None:
+        store = self._connect(None, self._finished)
+        if store is None:
+            return
+        record = None
+        # Polled, not a blocking wait: a wait still pending when the store's host leaves at the
+        # end of a good run would fail, and torch logs that failure with a C++ stack trace.
+        while record is None and not self._finished.wait(POLL):
+            try:
+                if store.check([STOP]):
+                    record = json.loads(store.get(STOP))
+            except Exception:  # the store's host went away before anyone published a stop record
+                record = {"lost": f"{self.config.host}:{self.config.port}"}
+        with self._lock:
+            if record is None or self.role is not None or self._finished.is_set():
+                return  # done, or the record is our own
+            self.role = "victim"
+            self.stop_record = record
+        self._on_stop(record)
+
+    # --- publishing ----------------------------------------------------------------------------
+
+    def publish_stop(self, record: dict) -> None:
+        """Our ranks failed for good: tell the others to stop theirs (the first record wins)."""
+        with self._lock:
+            if self.role is not None:
+                return
+            self.failed_at = time.time()
+            mine = json.dumps({**record, "nodeRank": self.config.node_rank, "node": self.config.node})
+            store = self._main_store()
+            if store is None:
+                self.role = "root"
+                return
+            try:
+                current = store.compare_set(STOP, "", mine).decode()
+            except Exception:
+                self.role = "root"
+                return
+            self.role = "root" if current == mine else "victim"
+            if self.role == "victim":
+                self.stop_record = json.loads(current)
+
+    def conclude(self, outcome: dict | None) -> list[dict]:
+        """Publish this node's outcome, wait for every node's, and return them (ours included).
+        Only returns once the others have had the chance to read them, so a node hosting the
+        store never takes it away from a reader. Never raises: a lost peer costs only time."""
+        self._finished.set()
+        summary = {"nodeRank": self.config.node_rank, "node": self.config.node, "outcome": outcome,
+                   "failedAt": self.failed_at}
+        store = self._main_store()
+        if store is None:
+            return [summary]
+        try:
+            store.set(node_key(self.config.node_rank), json.dumps(summary))
+            _barrier(store, DEPARTED, ALL_DEPARTED, self.config.nnodes, self.config.linger)
+            summaries = []
+            for rank in range(self.config.nnodes):
+                key = node_key(rank)
+                if store.check([key]):
+                    summaries.append(json.loads(store.get(key)))
+            _barrier(store, READ, ALL_READ, self.config.nnodes, READ_WAIT)
+            return summaries
+        except Exception:
+            return [summary]
+
+
+def _barrier(store, counter: str, flag: str, count: int, timeout: float) -> None:
+    """Arrive, and wait until ``count`` nodes did or ``timeout`` passed. The last to arrive needs
+    no further round trip, so a host that leaves at once cannot strand it."""
+    if store.add(counter, 1) >= count:
+        store.set(flag, "1")
+        return
+    try:
+        store.wait([flag], timedelta(seconds=timeout))
+    except Exception:
+        pass  # a node never came, or the host left: we waited long enough
+
+
+def stop_local_ranks(workers: list, grace: float) -> None:
+    """SIGTERM every local rank's process group (torchrun starts each in its own session), then
+    SIGKILL what is left after ``grace``. Used when torchrun's own teardown cannot run because its
+    main thread is blocked in the store."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        alive = [p for p in workers if p.poll() is None]
+        for process in alive:
+            try:
+                os.killpg(process.pid, sig)
+            except OSError:
+                pass
+        end = time.monotonic() + wait
+        while any(p.poll() is None for p in alive) and time.monotonic() < end:
+            time.sleep(0.05)

@@ -1,0 +1,127 @@
+"""A multi-node torch job fails as one: the first failure reaches every node through the
+rendezvous store the nodes share, every node exits with that failure's code and names it, and a
+job that succeeds ends quietly. Real launchers, real torchrun agents, real gloo ranks: two
+"nodes" are two `trainer-launcher torch` processes on this machine with Trainer's PET_* env.
+
+Every wait below is bounded far under the 300 s that torchrun's exit barrier (or a sleeping rank)
+would take without the launcher, so a node left running fails the test by timing out.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+from conftest import RANKS, Job, clean_env, free_port, launcher, rank_reports, wait_for
+
+from launcher.job_outcome import NodeOutcome, job_outcome, root_cause
+from launcher.outcome import Outcome, RootCause
+
+# What a successful multi-node run must never print: torch's exit-barrier failure when the node
+# serving the store leaves first, with its C++ stack trace.
+NOISE = re.compile(r"Traceback|frame #\d|Connection reset|DistNetworkError|Error waiting on exit barrier")
+
+
+def two_nodes(tmp_path: Path, report_dir: Path, nproc: int = 1, **env: str) -> list[Job]:
+    port = free_port()
+    nodes = []
+    for rank in (1, 0):  # the worker first, as a scheduler may well start it
+        nodes.append(Job(launcher("torch", "--grace-period", "5", "--", RANKS), clean_env(
+            PET_NNODES="2", PET_NPROC_PER_NODE=str(nproc), PET_NODE_RANK=str(rank), PET_MASTER_ADDR="127.0.0.1",
+            PET_MASTER_PORT=str(port), HOSTNAME=f"tj-node-0-{rank}", REPORT_DIR=str(report_dir), **env),
+            tmp_path, f"node{rank}"))
+    return nodes[::-1]
+
+
+def exits(nodes: list[Job]) -> list[int]:
+    return [node.wait(timeout=150) for node in nodes]
+
+
+def output(nodes: list[Job]) -> str:
+    return "\n".join(f"--- node {i}\n{n.stderr[-4000:]}" for i, n in enumerate(nodes))
+
+
+def test_a_rank_failing_on_one_node_stops_the_other_node_which_names_it(tmp_path, report_dir):
+    # Rank 1 (node 1) exits 3; rank 0 (node 0) would sleep for 300 s.
+    nodes = two_nodes(tmp_path, report_dir, BEHAVIOUR="exit:3", FAIL_RANK="1")
+    assert exits(nodes) == [3, 3], output(nodes)
+    victim, root = nodes[0].termination(), nodes[1].termination()
+    assert root["reason"] == "Failed" and root["rootCause"]["node"] == "tj-node-0-1"
+    assert victim["reason"] == "PeerFailed" and victim["retryable"] is False
+    assert (victim["rootCause"]["node"], victim["rootCause"]["rank"], victim["rootCause"]["exitCode"]) == ("tj-node-0-1", 1, 3)
+    assert "tj-node-0-0 stopped its ranks" in victim["message"]
+
+
+def test_the_node_serving_the_store_failing_stops_the_other_node(tmp_path, report_dir):
+    nodes = two_nodes(tmp_path, report_dir, BEHAVIOUR="exit:3", FAIL_RANK="0")
+    assert exits(nodes) == [3, 3], output(nodes)
+    victim = nodes[1].termination()
+    assert victim["reason"] == "PeerFailed"
+    assert (victim["rootCause"]["node"], victim["rootCause"]["rank"]) == ("tj-node-0-0", 0)
+
+
+def test_a_node_whose_ranks_finished_does_not_report_success_when_a_peer_failed(tmp_path, report_dir):
+    # Node 0's rank ends at once and its agent waits in torchrun's exit barrier, where no signal
+    # handler runs; node 1's rank then exits 3. Plain torchrun: node 0 waits 300 s, then exits 0.
+    nodes = two_nodes(tmp_path, report_dir, BEHAVIOUR="exit:3", FAIL_RANK="1", OTHERS="finish")
+    assert exits(nodes) == [3, 3], output(nodes)
+    victim = nodes[0].termination()
+    assert victim["reason"] == "PeerFailed" and victim["rootCause"]["rank"] == 1
+    assert "the job succeeded" not in nodes[0].stderr
+
+
+def test_every_node_agrees_on_a_retryable_root_cause(tmp_path, report_dir):
+    # Rank 1's output shows an NCCL watchdog timeout (a node fault): its node exits 138, and so must
+    # the other, or Kubernetes would fail the JobSet on the other pod's exit code.
+    nodes = two_nodes(tmp_path, report_dir, BEHAVIOUR="nccl-error", FAIL_RANK="1")
+    assert exits(nodes) == [138, 138], output(nodes)
+    victim = nodes[0].termination()
+    assert victim["retryable"] is True and victim["reason"] == "PeerFailed"
+    assert "Watchdog caught collective operation timeout" in victim["evidence"]
+
+
+def test_losing_the_node_that_serves_the_store_stops_the_others_as_retryable(tmp_path, report_dir):
+    nodes = two_nodes(tmp_path, report_dir, BEHAVIOUR="sleep")
+    wait_for(lambda: len(rank_reports(report_dir)) == 2, timeout=120, what="both ranks to start")
+    nodes[0].signal(signal.SIGKILL)  # the pod is gone: no word from it, its store with it
+    assert nodes[1].wait(timeout=120) == 138, output(nodes)
+    message = nodes[1].termination()
+    assert message["retryable"] is True and message["reason"] in ("PeerLost", "NodeFault")
+
+
+def test_a_successful_two_node_job_ends_quietly(tmp_path, report_dir):
+    nodes = two_nodes(tmp_path, report_dir, nproc=2)
+    assert exits(nodes) == [0, 0], output(nodes)
+    for node in nodes:
+        assert not NOISE.search(node.stderr), node.stderr[-4000:]
+        assert node.stderr.rstrip().endswith("trainer-launcher: the job succeeded")
+    assert {r["allreduce"] for r in rank_reports(report_dir).values()} == {10.0}
+
+
+# --- the rule every node applies (pure) ---------------------------------------------------------
+
+def failed(code: int, node: str, reason: str = "Failed", evidence: str | None = None) -> Outcome:
+    return Outcome(code, reason, f"a rank on {node} exited with code {code}", RootCause(node=node, rank=0),
+                   evidence)
+
+
+def test_the_root_cause_is_the_first_node_that_failed_on_its_own():
+    nodes = [
+        NodeOutcome(0, "n0", failed(3, "n0", "PeerFailed"), 1.0),  # stopped because of another
+        NodeOutcome(1, "n1", failed(138, "n1", "NodeFault", "Connection closed by peer"), 2.0),  # saw a peer vanish
+        NodeOutcome(2, "n2", failed(1, "n2"), 3.0),
+        NodeOutcome(3, "n3", failed(7, "n3"), 4.0),
+        NodeOutcome(4, "n4", None),
+    ]
+    assert root_cause(nodes).node == "n2"
+    said = job_outcome(Outcome(0, "Succeeded", "fine"), 4, "n4", nodes)
+    assert (said.exit_code, said.reason, said.root_cause.node) == (1, "PeerFailed", "n2")
+    assert job_outcome(nodes[2].outcome, 2, "n2", nodes) is nodes[2].outcome
+
+
+def test_nobody_is_blamed_when_no_node_failed_on_its_own():
+    nodes = [NodeOutcome(0, "n0", Outcome(0, "Succeeded", "ok")), NodeOutcome(1, "n1", failed(143, "n1", "Terminated"))]
+    assert root_cause(nodes) is None
+    own = Outcome(0, "Succeeded", "ok")
+    assert job_outcome(own, 0, "n0", nodes) is own
