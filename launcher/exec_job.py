@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import tempfile
 from typing import Callable
 
 from launcher import settings, workspace
-from launcher.outcome import ConfigError, Outcome, RootCause, classify, evidence_regex, signal_name, success, terminated
-from launcher.report import run_command
+from launcher.outcome import (
+    ConfigError, Outcome, RootCause, classify, code_for, evidence_regex, signal_name, success, terminated,
+)
+from launcher.report import handed_off, run_command
 from launcher.settings import HostEnv, LauncherSettings, Override
 from launcher.supervisor import Child, Supervisor
 
@@ -35,9 +40,17 @@ def supervise(
     refine the root cause from the command's output (mpirun names the rank that failed)."""
     host = settings.load(HostEnv)
     node = host.hostname or socket.gethostname()
-    with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
-        child = supervisor.spawn(command[0], command, env)
-        supervisor.run()
+    handoff_dir = tempfile.mkdtemp(prefix="trainer-launcher-exec-")
+    handoff = os.path.join(handoff_dir, "outcome.json")
+    try:
+        with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
+            child = supervisor.spawn(command[0], command, {**(env or settings.environ()), settings.HANDOFF: handoff})
+            supervisor.run()
+        inner = handed_off(handoff, code_for(child.returncode))
+    finally:
+        shutil.rmtree(handoff_dir, ignore_errors=True)
+    if inner is not None:
+        return inner
     if supervisor.received_signal is not None and supervisor.first_failure is None:
         if child.returncode == 0:
             return success()

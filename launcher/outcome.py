@@ -132,6 +132,7 @@ class Outcome:
     root_cause: RootCause | None = None
     evidence: str | None = None
     extra: dict = field(default_factory=dict)
+    said: bool = field(default=False, compare=False)  # a nested launcher already logged it
 
     def to_json(self, retryable_codes: frozenset[int]) -> dict:
         data: dict = {

@@ -6,12 +6,13 @@ of the exit code and the retryable set), for the log line and the termination me
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 
 from typing import Callable
 
-from launcher import log
+from launcher import log, settings
 from launcher.outcome import DEFAULT_RETRYABLE_EXIT_CODES, LauncherError, Outcome, is_retryable
 from launcher.settings import LauncherSettings, load, redact
 
@@ -44,7 +45,9 @@ def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: froz
         extra={k: _redacted(v) for k, v in outcome.extra.items()},
     )
     kind = "retryable" if retryable else "permanent"
-    if outcome.exit_code == 0:
+    if outcome.said:
+        pass  # the launcher nested below us said it; it holds the detail, we only exit with it
+    elif outcome.exit_code == 0:
         log.info(outcome.message, exitCode=0)
     else:
         log.error(f"{outcome.message} -> exit {outcome.exit_code} ({kind}, {outcome.reason})",
@@ -52,7 +55,33 @@ def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: froz
         if outcome.evidence:
             log.error(f"evidence: {outcome.evidence}")
     write_termination_log(outcome, termination_log, codes)
+    _hand_off(outcome, codes)
     return outcome.exit_code
+
+
+def _hand_off(outcome: Outcome, codes: frozenset[int]) -> None:
+    """Under `trainer-launcher exec`, give it our outcome, so it exits with our detail rather
+    than "bash exited with code 3" (complete or absent: written aside, then renamed)."""
+    path = settings.handoff_path()
+    if path is None:
+        return
+    try:
+        with open(f"{path}.tmp", "w") as handle:
+            handle.write(json.dumps(outcome.to_json(codes)))
+        os.replace(f"{path}.tmp", path)
+    except OSError:
+        pass  # the launcher above is gone, or its directory: it judges from our exit code alone
+
+
+def handed_off(path: str, exit_code: int) -> Outcome | None:
+    """The outcome a launcher nested in our command handed us, if it is the one our command
+    exited with (a nested launcher that ran earlier in a script does not speak for the script)."""
+    try:
+        with open(path) as handle:
+            inner = Outcome.from_json(json.load(handle))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return replace(inner, said=True) if inner.exit_code == exit_code else None
 
 
 def _redacted(value):

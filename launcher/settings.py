@@ -461,6 +461,15 @@ def redact(text: str, secrets: list[str] | None = None) -> str:
     return text
 
 
+# Set by `trainer-launcher exec` for its command: a launcher nested in it (the SDK's `bash -lc`
+# whose torchrun shim runs `trainer-launcher torch`) writes its outcome there.
+HANDOFF = "TRAINER_LAUNCHER_HANDOFF"
+
+
+def handoff_path() -> str | None:
+    return os.environ.get(HANDOFF) or None
+
+
 def environ() -> dict[str, str]:
     """A copy of the environment, for building a child's environment."""
     return dict(os.environ)

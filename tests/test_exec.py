@@ -105,3 +105,37 @@ def test_json_log_format_gives_one_json_object_per_launcher_line(tmp_path):
     records = [json.loads(line) for line in job.stderr.splitlines()]
     assert records[-1]["level"] == "error"
     assert records[-1]["exitCode"] == 9 and records[-1]["retryable"] is False
+
+
+# A launcher nested in exec's command: the image's entrypoint runs the SDK's `bash -lc "...
+# torchrun ..."` under `exec`, and the torchrun shim inside runs `trainer-launcher torch`.
+
+def nested(*command: str) -> str:
+    return " ".join([sys.executable, "-m", "launcher", "exec", "--", *command])
+
+
+def launcher_lines(job: Job) -> list[str]:
+    return [line for line in job.stderr.splitlines() if line.startswith("trainer-launcher:")]
+
+
+def test_a_nested_launchers_outcome_is_the_outer_launchers_said_once(tmp_path):
+    job = run(tmp_path, "bash", "-c", f"echo preparing; {nested('/nonexistent/train')}")
+    assert job.process.returncode == 127
+    message = job.termination()  # the outer's own termination log holds the inner's detail
+    assert (message["reason"], message["retryable"]) == ("CommandNotFound", False)
+    assert "/nonexistent/train" in message["message"]
+    assert len(launcher_lines(job)) == 1, job.stderr  # not again as "bash exited with code 127"
+
+
+def test_a_nested_launchers_success_is_said_once(tmp_path):
+    job = run(tmp_path, "bash", "-c", nested("true"))
+    assert job.process.returncode == 0
+    assert launcher_lines(job) == ["trainer-launcher: the job succeeded"]
+
+
+def test_a_nested_launcher_that_ran_earlier_does_not_speak_for_the_command(tmp_path):
+    job = run(tmp_path, "bash", "-c", f"{nested('/nonexistent/prepare')}; exit 5")
+    assert job.process.returncode == 5
+    message = job.termination()
+    assert (message["reason"], message["exitCode"]) == ("Failed", 5)
+    assert message["message"].startswith("bash on ")
