@@ -130,5 +130,7 @@ def with_private_names(tmp_path: Path, argv: list[str]) -> tuple[list[str], Path
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _ENTER_PRIVATE_NAMES, str(hosts), str(resolv), *argv], hosts
 
 
+# Built images (buildah) and the podman engine and network, as fixtures.
+from image_fixtures import engine, mpi_image, net, torch_image  # noqa: E402,F401
 # Real S3 (moto server), Hub and fault-proxy servers, as fixtures.
 from storage_servers import fault_proxy, hub_server, s3_server, s3_server_auth  # noqa: E402,F401

@@ -24,11 +24,18 @@ import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STATE = Path(os.environ.get("TRAINER_LAUNCHER_TEST_CONTAINERS", "/var/tmp/trainer-launcher-test-containers"))
+DEFAULT_STATE = "/var/tmp/trainer-launcher-test-containers"
+STATE = Path(os.environ.get("TRAINER_LAUNCHER_TEST_CONTAINERS", DEFAULT_STATE))
 BASE = "localhost/trainer-launcher-test-base:bookworm"
 TOOLS = ("buildah", "podman", "runc", "debootstrap")
-NETWORK = "trainer-launcher-test"
-SUBNET = "10.89.213"  # the --internal bridge: only these containers, no route off the machine
+# The --internal bridge: only these containers, no route off the machine. Networks are global to
+# the machine's podman, not per storage directory: another storage directory (two test runs at
+# once) gets its own name and subnet.
+_STATE_ID = zlib.crc32(str(STATE).encode())
+if str(STATE) == DEFAULT_STATE:
+    NETWORK, SUBNET = "trainer-launcher-test", "10.89.213"
+else:
+    NETWORK, SUBNET = f"trainer-launcher-test-{_STATE_ID:08x}", f"10.89.{_STATE_ID % 200 + 10}"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # this machine's registry access (pip in RUN steps)
 RUN_LIMITS = ["--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 
@@ -57,7 +64,7 @@ class Engine:
     def __init__(self, driver: str):
         self.driver = driver
         # podman wants a runroot under 50 characters; one per storage directory
-        runroot = f"/run/tl-test-{zlib.crc32(str(STATE).encode()):08x}-{driver}"
+        runroot = f"/run/tl-test-{_STATE_ID:08x}-{driver}"
         self.storage = ["--root", str(STATE / driver), "--runroot", runroot, "--storage-driver", driver]
 
     def podman(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:

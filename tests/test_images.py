@@ -7,6 +7,7 @@ instead of the pod network). Nothing here is mocked but the GPU: the torch image
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -20,8 +21,11 @@ import containers
 from conftest import REPO
 
 PROGRAMS = f"{REPO / 'tests' / 'programs'}:/programs:ro"
-MPIS = ("openmpi", "intel", "mpich")
 TJ = "tj"
+# The first test to need an image builds it (session fixtures): minutes on a loaded machine, past
+# the suite's 300 s. A stuck container or build still fails sooner: each buildah/podman call
+# carries its own timeout (tests/containers.py).
+pytestmark = pytest.mark.timeout(900)
 
 
 def test_dockerfiles_lint_clean():
@@ -38,52 +42,6 @@ def test_image_scripts_pass_shellcheck():
     scripts = [*sorted((REPO / "images").glob("*.sh")), REPO / "images/shims/torchrun", REPO / "images/shims/mpirun"]
     result = subprocess.run(["shellcheck", "--shell=sh", *map(str, scripts)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
-
-
-# ---------------------------------------------------------------------------------------------
-# fixtures: one engine, base, network and set of images per session
-# ---------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def engine() -> containers.Engine:
-    reason = containers.why_not()
-    if reason:
-        pytest.skip(reason)
-    return containers.engine()
-
-
-@pytest.fixture(scope="session")
-def net(engine) -> str:
-    name = containers.network(engine)
-    yield name
-    engine.podman("network", "rm", "-f", name, check=False)
-
-
-@pytest.fixture(scope="session")
-def torch_image(engine) -> str:
-    wheels = containers.torch_wheel_dir()
-    if wheels is None:
-        pytest.skip("no local torch CPU wheel (pip find-links) to stand in for the PyTorch base image's torch")
-    tag = "localhost/trainer-launcher-torch:test"
-    engine.build("Dockerfile.torch", tag, {
-        "BASE_IMAGE": containers.BASE,
-        # The real base carries torch; this one gets the local CPU wheel.
-        "TORCH": f"--find-links={wheels} torch==2.13.0 numpy",
-    }, volumes=[f"{wheels}:{wheels}:ro"])
-    return tag
-
-
-_mpi_images: dict[str, str] = {}
-
-
-@pytest.fixture(params=MPIS)
-def mpi_image(request, engine) -> tuple[str, str]:
-    impl = request.param
-    if impl not in _mpi_images:
-        tag = f"localhost/trainer-launcher-mpi-{impl}:test"
-        engine.build("Dockerfile.mpi", tag, {"BASE_IMAGE": containers.BASE, "MPI": impl})
-        _mpi_images[impl] = tag
-    return impl, _mpi_images[impl]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,22 +79,26 @@ def test_local_two_node_gloo_run_in_the_torch_image(engine, torch_image, tmp_pat
     result = engine.run(torch_image, "local", "--nnodes", "2", "--nproc-per-node", "1", "--", "/programs/ranks.py",
                         options=["-v", PROGRAMS, "-v", f"{reports}:/reports", "-e", "REPORT_DIR=/reports"])
     assert result.returncode == 0, result.stderr[-3000:]
+    # The test base has no numpy (like python:3.12-slim): the image installs it.
+    assert "Failed to initialize NumPy" not in result.stderr
     seen = sorted(json.loads(path.read_text())["rank"] for path in reports.glob("*.json"))
     assert seen == [0, 1]
     assert {json.loads(path.read_text())["allreduce"] for path in reports.glob("*.json")} == {3.0}
 
 
-def sdk_torchrun(engine, image, tmp_path, *env: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """What the Kubeflow SDK's TrainJob runs: `command: [torchrun, <file>]`, which replaces the
-    entrypoint; PET_* from the torch policy; the kubelet's /dev/termination-log."""
+def sdk_torchrun(engine, image, tmp_path, *env: str,
+                 command: tuple[str, ...] = ("torchrun", "/programs/ranks.py")) -> tuple[subprocess.CompletedProcess, Path]:
+    """What the Kubeflow SDK's TrainJob runs: a `command` that replaces the entrypoint (the
+    SDK's own, generated, in tests/test_sdk.py); PET_* from the torch policy; the kubelet's
+    /dev/termination-log. ``env``: more podman options."""
     reports = tmp_path / "reports"
     reports.mkdir(mode=0o777, exist_ok=True)
     reports.chmod(0o777)
     termination = tmp_path / "termination-log"
     termination.touch(mode=0o666)
     termination.chmod(0o666)
-    result = engine.run(image, "/programs/ranks.py", options=[
-        "--entrypoint", "torchrun", "--hostname", f"{TJ}-node-0-0", "--add-host", f"{TJ}-node-0-0.{TJ}:127.0.0.1",
+    result = engine.run(image, *command[1:], options=[
+        "--entrypoint", command[0], "--hostname", f"{TJ}-node-0-0", "--add-host", f"{TJ}-node-0-0.{TJ}:127.0.0.1",
         *trainer_env(1, 2, 0), "-v", PROGRAMS, "-v", f"{reports}:/reports", "-e", "REPORT_DIR=/reports",
         "-v", f"{termination}:/dev/termination-log", *env])
     return result, termination
@@ -184,6 +146,175 @@ def test_torch_image_is_the_dataset_initializer(engine, torch_image, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (workspace / "dataset" / "train" / "part-0.txt").read_text() == "hello\n" * 1000
     assert (workspace / "dataset").stat().st_uid == 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# the torch image under docker/podman's own command, as the Kubeflow SDK's container backend
+# runs it: the engines append the command to the entrypoint, and the trainer runs in a login shell
+# ---------------------------------------------------------------------------------------------
+
+def test_entrypoint_gives_launcher_words_to_the_launcher_and_any_other_command_to_exec(tmp_path):
+    # images/entrypoint.sh against a trainer-launcher that prints its arguments; every
+    # subcommand launcher/cli.py knows must reach the launcher unchanged.
+    from launcher.cli import _parser
+
+    subcommands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    fake = tmp_path / "trainer-launcher"
+    fake.write_text('#!/bin/sh\nfor word in "$@"; do printf "%s\\n" "$word"; done\n')
+    fake.chmod(0o755)
+
+    def entry(*argv: str) -> list[str]:
+        return subprocess.run(["sh", str(REPO / "images/entrypoint.sh"), *argv], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, check=True,
+                              env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout.splitlines()
+
+    for word in [*subcommands, "--version", "--help"]:
+        assert entry(word, "x") == [word, "x"], word
+    assert entry() == []
+    assert entry("bash", "-lc", "torchrun a b") == ["exec", "--", "bash", "-lc", "torchrun a b"]
+    assert entry("python", "--", "train.py") == ["exec", "--", "python", "--", "train.py"]
+
+
+def workspace_dir(tmp_path: Path, mode: int = 0o777) -> Path:
+    """The host directory the SDK bind-mounts at /workspace (it makes it as root, mode 0755)."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    workspace.chmod(mode)
+    return workspace
+
+
+def test_any_command_runs_under_the_launcher_as_pid_1_and_keeps_its_exit_code(engine, torch_image):
+    result = engine.run(torch_image, "sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; exit 7")
+    assert result.returncode == 7, result.stderr[-2000:]
+    assert "trainer-launcher exec -- sh -c" in result.stdout
+
+
+def test_stopping_the_container_stops_the_command_with_sigterm_not_sigkill(engine, torch_image):
+    # A shell as PID 1 ignores SIGTERM: the engine would wait out its timeout and SIGKILL (137).
+    # The launcher forwards SIGTERM to the command's process group.
+    name = "tl-test-stop"
+    engine.podman("rm", "-f", name, check=False)
+    engine.podman("run", "-d", "--name", name, *containers.RUN_LIMITS, torch_image,
+                  "bash", "-lc", "echo started; sleep 600 & wait")
+    logs = subprocess.Popen(["podman", *engine.storage, "logs", "-f", name], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        next((line for line in logs.stdout if "started" in line), None)
+        engine.podman("stop", "-t", "60", name)
+        state = engine.podman("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip()
+        assert state == "143"
+    finally:
+        logs.kill()
+        logs.wait()
+        engine.podman("rm", "-f", name, check=False)
+
+
+def test_at_a_terminal_the_command_runs_directly(engine, torch_image):
+    # `podman run -it IMAGE bash`: the shell needs the terminal, not the launcher's output relay.
+    result = engine.run(torch_image, "sh", "-c", "cat /proc/1/comm", options=["-t"])
+    assert result.returncode == 0 and result.stdout.strip() == "sh", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("user, uid", [(None, "1000"), ("0", "0")])
+def test_a_login_shell_keeps_the_shim_and_the_venv_on_path(engine, torch_image, user, uid):
+    # Debian's /etc/profile sets PATH anew for login shells; the SDK's trainer is `bash -lc`.
+    result = engine.run(torch_image, "bash", "-lc", "id -u; command -v torchrun python; echo $PATH",
+                        options=["--user", user] if user else [])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split()
+    assert lines[:3] == [uid, "/opt/trainer-launcher/shims/torchrun", "/opt/trainer-launcher/venv/bin/python"]
+    assert lines[3].startswith("/opt/trainer-launcher/shims:/opt/trainer-launcher/venv/bin:")
+
+
+def test_a_login_shell_keeps_the_mpi_shims_on_path(engine, mpi_image):
+    _, image = mpi_image
+    result = engine.run(image, "bash", "-lc", "command -v mpirun python3")
+    assert result.stdout.split() == ["/opt/trainer-launcher/shims/mpirun", "/opt/trainer-launcher/venv/bin/python3"], result.stderr
+
+
+def sdk_container_backend_node(nproc: int, nnodes: int, rank: int, master: str) -> list[str]:
+    """The trainer command of the Kubeflow SDK 0.5.0 container backend (its backend.py builds it
+    inline in train(), with no function to call): a login shell writes the script, then runs
+    torchrun if that shell finds one, else plain python."""
+    script = (REPO / "tests/programs/ranks.py").read_text()
+    return ["bash", "-lc", (
+        f"cat > /tmp/train.py << 'TRAINING_SCRIPT_EOF'\n{script}\nTRAINING_SCRIPT_EOF\n"
+        "if command -v torchrun >/dev/null 2>&1; then "
+        f"  torchrun --nproc_per_node={nproc} --nnodes={nnodes}   --node-rank={rank} --rdzv-backend=static "
+        f"  --rdzv-endpoint={master}:29500   /tmp/train.py; else   python /tmp/train.py; fi")]
+
+
+@pytest.mark.parametrize("behaviour, code", [("ok", 0), ("exit:3", 3)])
+def test_sdk_container_backend_command_runs_torchrun_through_the_launcher(engine, torch_image, tmp_path, behaviour, code):
+    # Outer `exec` (the entrypoint), inner `torch` (the torchrun shim, found by the login shell):
+    # 2 ranks, not the SDK's one-process python fallback, and the failing rank's code is the
+    # container's.
+    workspace = workspace_dir(tmp_path)
+    result = engine.run(torch_image, *sdk_container_backend_node(2, 1, 0, f"{TJ}-node-0"), options=[
+        "--hostname", f"{TJ}-node-0", "--workdir", "/workspace", "-v", f"{workspace}:/workspace",
+        "-e", "REPORT_DIR=/workspace", "-e", f"BEHAVIOUR={behaviour}", "-e", "FAIL_RANK=1"])
+    assert result.returncode == code, result.stderr[-3000:]
+    assert "trainer-launcher: torch: " in result.stderr
+    ranks = [json.loads(p.read_text()) for p in sorted(workspace.glob("*.json"))]
+    assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
+
+
+def source_tree(tmp_path: Path) -> Path:
+    source = tmp_path / "source"
+    (source / "train").mkdir(parents=True)
+    (source / "train" / "part-0.txt").write_text("hello\n" * 1000)
+    (source / "train" / "scratch.tmp").write_text("skip me")
+    return source
+
+
+@pytest.mark.parametrize("kind", ["dataset", "model"])
+def test_sdk_initializer_command_runs_our_initializer_from_app(engine, torch_image, tmp_path, kind):
+    # What the SDK's container backend runs in its `dataset_initializer_image` /
+    # `model_initializer_image` (utils.get_dataset_initializer / get_model_initializer).
+    source, workspace = source_tree(tmp_path), workspace_dir(tmp_path)
+    result = engine.run(torch_image, "bash", "-c", f"python -m pkg.initializers.{kind}", options=[
+        "--workdir", "/app", "-v", f"{source}:/source:ro", "-v", f"{workspace}:/workspace",
+        "-e", "STORAGE_URI=file:///source", "-e", f"OUTPUT_PATH=/workspace/{kind}", "-e", "IGNORE_PATTERNS=*.tmp"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"trainer-launcher: init {kind}: file:///source -> /workspace/{kind}" in result.stderr
+    assert (workspace / kind / "train" / "part-0.txt").read_text() == "hello\n" * 1000
+    assert not (workspace / kind / "train" / "scratch.tmp").exists()  # IGNORE_PATTERNS, as the SDK passes it
+
+
+def test_python_in_the_sdk_initializer_shell_is_the_launchers(engine, torch_image):
+    result = engine.run(torch_image, "bash", "-c", "command -v python; pwd", options=["--workdir", "/app"])
+    assert result.stdout.split() == ["/opt/trainer-launcher/venv/bin/python", "/app"], result.stderr
+
+
+def test_a_root_owned_workspace_is_named_once_at_start(engine, torch_image, tmp_path):
+    # The SDK's /workspace: made by root, 0755. The initializer (an `init` under the entrypoint's
+    # `exec`) cannot write there: one warning line says why and what to do, then init fails.
+    source, workspace = source_tree(tmp_path), workspace_dir(tmp_path, 0o755)
+    result = engine.run(torch_image, "bash", "-c", "python -m pkg.initializers.dataset", options=[
+        "--workdir", "/app", "-v", f"{source}:/source:ro", "-v", f"{workspace}:/workspace",
+        "-e", "STORAGE_URI=file:///source", "-e", "OUTPUT_PATH=/workspace/dataset"])
+    assert result.returncode != 0
+    warnings = [line for line in result.stderr.splitlines() if "warning: /workspace" in line]
+    assert len(warnings) == 1, result.stderr[-3000:]
+    for words in ("/workspace is owned by uid 0 (mode 0755)", "runs as uid 1000", "--user 0", "APP_UID=0"):
+        assert words in warnings[0]
+
+
+def test_a_root_owned_workspace_does_not_fail_a_job_that_never_writes_there(engine, torch_image, tmp_path):
+    workspace = workspace_dir(tmp_path, 0o755)
+    result = engine.run(torch_image, "bash", "-lc", "echo trained", options=["--workdir", "/workspace", "-v", f"{workspace}:/workspace"])
+    assert result.returncode == 0 and result.stdout.strip() == "trained", result.stderr
+    assert result.stderr.count("warning: /workspace is owned by uid 0") == 1
+
+
+def test_an_image_built_with_app_uid_0_writes_to_a_root_owned_workspace(engine, tmp_path):
+    # The build argument the warning suggests (install-launcher.sh keeps root for APP_UID=0).
+    image = "localhost/trainer-launcher-mpi-mpich-root:test"
+    engine.build("Dockerfile.mpi", image, {"BASE_IMAGE": containers.BASE, "MPI": "mpich", "APP_UID": "0"})
+    workspace = workspace_dir(tmp_path, 0o755)
+    result = engine.run(image, "sh", "-c", "id -u; touch /workspace/x && echo written", options=["-v", f"{workspace}:/workspace"])
+    assert result.returncode == 0 and result.stdout.split() == ["0", "written"], result.stderr
+    assert "warning" not in result.stderr
 
 
 def test_a_base_whose_uid_1000_is_taken_gets_that_user_renamed(engine, tmp_path):

@@ -1,0 +1,1 @@
+"""The Kubeflow SDK's initializer entry points, in /app of the torch image (see initializers/)."""

@@ -1,0 +1,19 @@
+#!/bin/sh
+# The images' ENTRYPOINT. Kubernetes `command:` replaces an image's entrypoint, but docker and
+# podman append the container's command to it: the Kubeflow SDK's container backend sends
+# `bash -lc "..."`, which a bare `ENTRYPOINT ["trainer-launcher"]` would read as a subcommand.
+#   - trainer-launcher's own subcommands and options, or nothing, go to trainer-launcher
+#     (`IMAGE torch -- train.py`, `IMAGE init dataset`, `IMAGE --version`);
+#   - any other command runs under `trainer-launcher exec`, which makes it a proper PID 1:
+#     signals forwarded to every process group, orphans reaped, its exit code kept. A torchrun
+#     inside it still goes through the torchrun shim (exec does not turn the shims off);
+#   - except at a terminal (`docker run -it IMAGE bash`): an interactive shell needs the
+#     terminal itself, not the launcher's output relay, so it runs directly.
+# Keep the list in step with launcher/cli.py (tests/test_images.py checks it).
+case "${1:-}" in
+  ""|-*|torch|plan|mpi|exec|local|init|policy|smoke) exec trainer-launcher "$@" ;;
+esac
+if [ -t 0 ] && [ -t 1 ]; then
+  exec "$@"
+fi
+exec trainer-launcher exec -- "$@"

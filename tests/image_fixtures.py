@@ -1,0 +1,52 @@
+"""Image fixtures shared by the image and SDK tests: one engine, base, network and set of images
+per session (see tests/containers.py for what stands in for a cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+import containers
+
+MPIS = ("openmpi", "intel", "mpich")
+
+
+@pytest.fixture(scope="session")
+def engine() -> containers.Engine:
+    reason = containers.why_not()
+    if reason:
+        pytest.skip(reason)
+    return containers.engine()
+
+
+@pytest.fixture(scope="session")
+def net(engine) -> str:
+    name = containers.network(engine)
+    yield name
+    engine.podman("network", "rm", "-f", name, check=False)
+
+
+@pytest.fixture(scope="session")
+def torch_image(engine) -> str:
+    wheels = containers.torch_wheel_dir()
+    if wheels is None:
+        pytest.skip("no local torch CPU wheel (pip find-links) to stand in for the PyTorch base image's torch")
+    tag = "localhost/trainer-launcher-torch:test"
+    engine.build("Dockerfile.torch", tag, {
+        "BASE_IMAGE": containers.BASE,
+        # The real base carries torch; this one gets the local CPU wheel.
+        "TORCH": f"--find-links={wheels} torch==2.13.0",
+    }, volumes=[f"{wheels}:{wheels}:ro"])
+    return tag
+
+
+_mpi_images: dict[str, str] = {}
+
+
+@pytest.fixture(params=MPIS)
+def mpi_image(request, engine) -> tuple[str, str]:
+    impl = request.param
+    if impl not in _mpi_images:
+        tag = f"localhost/trainer-launcher-mpi-{impl}:test"
+        engine.build("Dockerfile.mpi", tag, {"BASE_IMAGE": containers.BASE, "MPI": impl})
+        _mpi_images[impl] = tag
+    return impl, _mpi_images[impl]
