@@ -163,9 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     return _plan(overrides, rest)
 
 
-def _plan_mpi(overrides: dict, mpi_overrides: dict, rest: list[str]) -> int:
+def _print_json(overrides: dict, build) -> int:
+    """``plan`` and ``policy``: print what ``build(launcher settings)`` returns, as JSON. Bad input
+    is one line and exit 2, as everywhere; nothing is written to the termination log."""
     from launcher import settings
-    from launcher.mpi_job import make_plan
     from launcher.outcome import LauncherError
     from launcher.report import deliver
     from launcher.settings import LauncherSettings
@@ -173,46 +174,40 @@ def _plan_mpi(overrides: dict, mpi_overrides: dict, rest: list[str]) -> int:
     launcher = None
     try:
         launcher = settings.load(LauncherSettings, overrides)
-        _, plan = make_plan(mpi_overrides, rest or ["PROGRAM"])
+        document = build(launcher)
     except LauncherError as error:
         return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
-    print(json.dumps(plan.to_json(), indent=2))
+    print(json.dumps(document, indent=2))
     return 0
+
+
+def _plan_mpi(overrides: dict, mpi_overrides: dict, rest: list[str]) -> int:
+    from launcher.mpi_job import make_plan
+
+    return _print_json(overrides, lambda launcher: make_plan(mpi_overrides, rest or ["PROGRAM"])[1].to_json())
 
 
 def _plan(overrides: dict, rest: list[str]) -> int:
-    from launcher import settings
-    from launcher.outcome import LauncherError
-    from launcher.report import deliver
-    from launcher.settings import LauncherSettings
     from launcher.torch_job import make_plan
 
-    launcher = None
-    try:
-        launcher = settings.load(LauncherSettings, overrides)
+    def build(launcher) -> dict:
         plan, _ = make_plan(rest, require_program=False, launcher=launcher)
-    except LauncherError as error:
-        return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
-    print(json.dumps({**plan.to_json(), "launcher": {
-        "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
-        "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
-    }}, indent=2))
-    return 0
+        return {**plan.to_json(), "launcher": {
+            "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
+            "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
+        }}
+
+    return _print_json(overrides, build)
 
 
 def _policy(overrides: dict, job: str, max_restarts: int | None) -> int:
-    from launcher import failure_policy, settings
-    from launcher.outcome import ConfigError, LauncherError
-    from launcher.report import deliver
-    from launcher.settings import LauncherSettings
+    from launcher import failure_policy
+    from launcher.outcome import ConfigError
 
-    launcher = None
-    try:
-        launcher = settings.load(LauncherSettings, overrides)
+    def build(launcher) -> dict:
         if max_restarts is not None and max_restarts < 0:
             raise ConfigError("--max-restarts", max_restarts, "a count of JobSet restarts, 0 or more")
-    except LauncherError as error:
-        return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
-    restarts = failure_policy.MAX_RESTARTS if max_restarts is None else max_restarts
-    print(json.dumps(failure_policy.policy(job, launcher.retryable_exit_codes, restarts), indent=2))
-    return 0
+        restarts = failure_policy.MAX_RESTARTS if max_restarts is None else max_restarts
+        return failure_policy.policy(job, launcher.retryable_exit_codes, restarts)
+
+    return _print_json(overrides, build)
