@@ -1,13 +1,23 @@
-"""Command line: parse, call, exit. No logic lives here."""
+"""Command line: parse, call, exit. No logic lives here.
+
+Each framework is a package with a ``command`` module (launcher/<name>/command.py) that says how
+its subcommand is called and what ``plan --framework`` and ``local --framework`` do for it; adding
+a framework is adding its name to FRAMEWORKS.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
+from types import ModuleType
 
 from launcher import __version__
-from launcher.knobs import INIT_KNOBS, KNOBS, MPI_KNOBS, SMOKE_KNOBS, Override
+from launcher.core.knobs import KNOBS, Knob, given
+from launcher.initializers.knobs import INIT_KNOBS
+from launcher.smoke.knobs import SMOKE_KNOBS
+
+FRAMEWORKS = ("torch", "mpi")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -16,73 +26,73 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def frameworks() -> dict[str, ModuleType]:
+    return {name: importlib.import_module(f"launcher.{name}.command") for name in FRAMEWORKS}
+
+
+def _add_table(parser: argparse.ArgumentParser, title: str, table: dict[str, Knob], prefix: str = "") -> None:
+    group = parser.add_argument_group(title)
+    for name, knob in table.items():
+        group.add_argument(knob.flag, dest=prefix + name, metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+
+
 def _add_knobs(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("launcher options (each also a LAUNCHER_* variable; flags win)")
-    for name, knob in KNOBS.items():
-        group.add_argument(knob.flag, dest=name, metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+    _add_table(parser, "launcher options (each also a LAUNCHER_* variable; flags win)", KNOBS)
 
 
-def _add_mpi_knobs(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("MPI options (each also a LAUNCHER_* variable; flags win)")
-    for name, knob in MPI_KNOBS.items():
-        group.add_argument(knob.flag, dest=f"mpi_{name}", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+def _add_framework_knobs(parser: argparse.ArgumentParser, command: ModuleType) -> None:
+    if command.KNOBS:
+        _add_table(parser, f"{command.NAME} options (each also a LAUNCHER_* variable; flags win)", command.KNOBS,
+                   f"{command.NAME}_")
 
 
-def _overrides(namespace: argparse.Namespace, knobs: dict = KNOBS, prefix: str = "") -> dict:
-    return {
-        name: Override(getattr(namespace, prefix + name), knob.flag)
-        for name, knob in knobs.items()
-        if getattr(namespace, prefix + name, None) is not None
-    }
-
-
-def _parser() -> argparse.ArgumentParser:
+def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
     parser = _Parser(prog="trainer-launcher", description="The in-pod side of distributed training on Kubernetes.")
     parser.add_argument("--version", action="version", version=f"trainer-launcher {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
-    torch = commands.add_parser("torch", help="run torchrun from the PET_* environment, supervised",
-                                usage="trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]")
-    _add_knobs(torch)
+    for command in commands_by_name.values():
+        sub = commands.add_parser(command.NAME, help=command.HELP, usage=command.USAGE)
+        command.add_options(sub)
+        _add_knobs(sub)
+        _add_framework_knobs(sub, command)
 
+    planned = [name for name, command in commands_by_name.items() if hasattr(command, "plan")]
     plan = commands.add_parser("plan", help="print what would run, as JSON; no side effects",
-                               usage="trainer-launcher plan [--framework torch] [OPTIONS] [-- [TORCHRUN FLAGS] [SCRIPT ...]]")
-    plan.add_argument("--framework", choices=["torch", "mpi"], default="torch")
+                               usage=f"trainer-launcher plan [--framework {{{','.join(planned)}}}] [OPTIONS] "
+                                     "[-- [FRAMEWORK FLAGS] [PROGRAM ...]]")
+    plan.add_argument("--framework", choices=planned, default="torch")
     _add_knobs(plan)
-    _add_mpi_knobs(plan)
-
-    mpi = commands.add_parser("mpi", help="MPI launcher role (mpirun from the Trainer hostfile), or --worker (sshd)",
-                              usage="trainer-launcher mpi [OPTIONS] -- [MPIRUN FLAGS] PROGRAM [ARGS...]\n"
-                                    "       trainer-launcher mpi --worker [OPTIONS]")
-    mpi.add_argument("--worker", action="store_true", help="run the worker role: sshd on the ssh port with the mounted keys")
-    _add_knobs(mpi)
-    _add_mpi_knobs(mpi)
 
     run = commands.add_parser("exec", help="run any command with the same supervision and exit codes",
                               usage="trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
     _add_knobs(run)
 
+    emulated = [name for name, command in commands_by_name.items() if hasattr(command, "local")]
     local = commands.add_parser("local", help="emulate an N-node TrainJob on this machine",
-                                usage="trainer-launcher local --nnodes N --nproc-per-node P [OPTIONS] [--] SCRIPT [ARGS...]")
+                                usage="trainer-launcher local [--framework NAME] --nnodes N [--nproc-per-node P] "
+                                      "[OPTIONS] [--] PROGRAM [ARGS...]")
+    local.add_argument("--framework", choices=emulated, default=None, help="the TrainJob's framework (default torch)")
     local.add_argument("--nnodes", default="2", help="emulated nodes (default 2)")
     local.add_argument("--nproc-per-node", default="1", help="processes per node: a count, auto, cpu or gpu (default 1)")
     local.add_argument("--trainjob", default="local", help="the TrainJob name the pod names derive from (default local)")
-    local.add_argument("--master-port", default=None, help="the master port (default: a free port)")
+    local.add_argument("--master-port", default=None, help="the master (coordinator, tracker) port (default: a free port)")
     local.add_argument("--isolation", choices=["auto", "namespaces", "none"], default="auto",
                        help="per-node hostname and /etc/hosts in namespaces (auto: when root)")
     local.add_argument("--mpi", choices=["openmpi", "intel", "mpich"], default=None,
-                       help="emulate an MPI TrainJob (workers with sshd, a launcher pod) instead of torch; needs root")
+                       help="emulate an MPI TrainJob with this MPI (workers with sshd, a launcher pod); needs root")
     local.add_argument("--user", default="mpiuser", help="with --mpi: the unprivileged user sshd and mpirun run as")
     _add_knobs(local)
-    _add_mpi_knobs(local)
+
+    for command in commands_by_name.values():  # plan and local take every framework's options
+        _add_framework_knobs(plan, command)
+        _add_framework_knobs(local, command)
 
     init = commands.add_parser("init", help="dataset/model initializer: STORAGE_URI -> /workspace/{dataset,model}",
                                usage="trainer-launcher init {dataset,model} [OPTIONS]")
     init.add_argument("kind", choices=["dataset", "model"])
-    group = init.add_argument_group("initializer options (each also a LAUNCHER_INIT_* variable; flags win)")
-    for name, knob in INIT_KNOBS.items():
-        group.add_argument(knob.flag, dest=f"init_{name}", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+    _add_table(init, "initializer options (each also a LAUNCHER_INIT_* variable; flags win)", INIT_KNOBS, "init_")
     _add_knobs(init)
 
     policy = commands.add_parser("policy", help="print the runtimes' Job/JobSet failure policy derived from the exit-code table, as JSON",
@@ -96,9 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     smoke = commands.add_parser("smoke", help="preflight this node: CPU/GPU, shm, disk, DNS, gloo/NCCL, thresholds",
                                 usage="trainer-launcher smoke [--json] [THRESHOLDS] [OPTIONS]")
     smoke.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
-    group = smoke.add_argument_group("thresholds (each also a LAUNCHER_SMOKE_* variable; flags win)")
-    for name, knob in SMOKE_KNOBS.items():
-        group.add_argument(knob.flag, dest=f"smoke_{name}", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+    _add_table(smoke, "thresholds (each also a LAUNCHER_SMOKE_* variable; flags win)", SMOKE_KNOBS, "smoke_")
     _add_knobs(smoke)
     return parser
 
@@ -122,87 +130,35 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     head, rest = _split(argv)
-    args = _parser().parse_args(head)
-    overrides = _overrides(args)
-    if args.command == "torch":
-        from launcher.torch_job import run_torch
-
-        return run_torch(overrides, rest)
+    commands = frameworks()
+    args = _parser(commands).parse_args(head)
+    overrides = given(args, KNOBS)
+    if args.command in commands:
+        return commands[args.command].run(args, overrides, rest)
+    if args.command == "plan":
+        return commands[args.framework].plan(args, overrides, rest)
+    if args.command == "local":
+        framework = args.framework or ("mpi" if args.mpi else "torch")
+        return commands[framework].local(args, overrides, rest)
     if args.command == "exec":
-        from launcher.exec_job import run_exec
+        from launcher.core.exec_job import run_exec
 
         return run_exec(overrides, rest)
-    if args.command == "mpi":
-        from launcher import mpi_job
-
-        mpi_overrides = _overrides(args, MPI_KNOBS, "mpi_")
-        if args.worker:
-            return mpi_job.run_worker(overrides, mpi_overrides)
-        return mpi_job.run_mpi(overrides, mpi_overrides, rest)
     if args.command == "smoke":
-        from launcher.smoke import run_smoke
+        from launcher.smoke.job import run_smoke
 
-        return run_smoke(overrides, _overrides(args, SMOKE_KNOBS, "smoke_"), args.json)
+        return run_smoke(overrides, given(args, SMOKE_KNOBS, "smoke_"), args.json)
     if args.command == "init":
         from launcher.initializers.job import run_init
 
-        return run_init(args.kind, overrides, _overrides(args, INIT_KNOBS, "init_"))
-    if args.command == "local" and args.mpi:
-        from launcher.local_mpi import run_local_mpi
-
-        return run_local_mpi(overrides, _overrides(args, MPI_KNOBS, "mpi_"), rest, args.mpi, args.nnodes,
-                             args.nproc_per_node, args.trainjob, args.user)
-    if args.command == "local":
-        from launcher.local import run_local
-
-        return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation)
-    if args.command == "policy":
-        return _policy(overrides, args.job, args.max_restarts)
-    if args.framework == "mpi":
-        return _plan_mpi(overrides, _overrides(args, MPI_KNOBS, "mpi_"), rest)
-    return _plan(overrides, rest)
-
-
-def _print_json(overrides: dict, build) -> int:
-    """``plan`` and ``policy``: print what ``build(launcher settings)`` returns, as JSON. Bad input
-    is one line and exit 2, as everywhere; nothing is written to the termination log."""
-    from launcher import settings
-    from launcher.outcome import LauncherError
-    from launcher.report import deliver
-    from launcher.settings import LauncherSettings
-
-    launcher = None
-    try:
-        launcher = settings.load(LauncherSettings, overrides)
-        document = build(launcher)
-    except LauncherError as error:
-        return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
-    print(json.dumps(document, indent=2))
-    return 0
-
-
-def _plan_mpi(overrides: dict, mpi_overrides: dict, rest: list[str]) -> int:
-    from launcher.mpi_job import make_plan
-
-    return _print_json(overrides, lambda launcher: make_plan(mpi_overrides, rest or ["PROGRAM"])[1].to_json())
-
-
-def _plan(overrides: dict, rest: list[str]) -> int:
-    from launcher.torch_job import make_plan
-
-    def build(launcher) -> dict:
-        plan, _ = make_plan(rest, require_program=False, launcher=launcher)
-        return {**plan.to_json(), "launcher": {
-            "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
-            "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
-        }}
-
-    return _print_json(overrides, build)
+        return run_init(args.kind, overrides, given(args, INIT_KNOBS, "init_"))
+    return _policy(overrides, args.job, args.max_restarts)
 
 
 def _policy(overrides: dict, job: str, max_restarts: int | None) -> int:
-    from launcher import failure_policy
-    from launcher.outcome import ConfigError
+    from launcher.core import failure_policy
+    from launcher.core.outcome import ConfigError
+    from launcher.core.report import print_plan
 
     def build(launcher) -> dict:
         if max_restarts is not None and max_restarts < 0:
@@ -210,4 +166,4 @@ def _policy(overrides: dict, job: str, max_restarts: int | None) -> int:
         restarts = failure_policy.MAX_RESTARTS if max_restarts is None else max_restarts
         return failure_policy.policy(job, launcher.retryable_exit_codes, restarts)
 
-    return _print_json(overrides, build)
+    return print_plan(overrides, build)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_naming
-from launcher.devices import gpu_devices
+from launcher.core.devices import gpu_devices
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "{script}"  # replaced by a marker-writing script in each test's tmp_path

@@ -55,7 +55,7 @@ def test_plan_keeps_the_kubeflow_sdks_static_rendezvous():
 # This machine has no accelerator: the device probe alone is replaced, in the child, by one that
 # reports two MIG devices; everything else is the real CLI.
 _TWO_MIG_DEVICES = (
-    "import sys\nfrom launcher import devices\n"
+    "import sys\nfrom launcher.core import devices\n"
     "two = devices.Accelerators('NVIDIA MIG device', 2, 'NVIDIA_VISIBLE_DEVICES')\n"
     "devices.probe_host = lambda env: devices.HostFacts('tj-node-0-0', 2, 4.0, 8, False, two)\n"
     "from launcher.cli import main\nsys.exit(main(sys.argv[1:]))\n"

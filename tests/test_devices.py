@@ -1,4 +1,4 @@
-"""launcher.devices: the GPUs and the CPU quota a container really has.
+"""launcher.core.devices: the GPUs and the CPU quota a container really has.
 
 This machine has no GPU, so GPUs are faked with a fake /dev tree in tmp_path (``nvidia0`` ...
 plus the control nodes every GPU host also has), and the CPU quota with fake cgroup v1 and v2
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import devices, settings
-from launcher.devices import HostFacts, cgroup_cpu_quota, gpu_devices, probe_host, visible_gpu_count
-from launcher.settings import HostEnv
+from launcher.core import devices, settings
+from launcher.core.devices import HostFacts, cgroup_cpu_quota, gpu_devices, probe_host, visible_gpu_count
+from launcher.core.settings import HostEnv
 
 # --- fake trees ---------------------------------------------------------------------------------
 

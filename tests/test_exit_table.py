@@ -24,8 +24,8 @@ import pytest
 
 import launcher
 from conftest import REPO, clean_env, launcher as launcher_argv
-from launcher import failure_policy
-from launcher.outcome import CONFIG_ERROR, DEFAULT_RETRYABLE_EXIT_CODES, TRANSIENT, LauncherError
+from launcher.core import failure_policy
+from launcher.core.outcome import CONFIG_ERROR, DEFAULT_RETRYABLE_EXIT_CODES, TRANSIENT, LauncherError
 
 # --- the policy as Kubernetes evaluates it ----------------------------------------------------------
 
@@ -46,7 +46,7 @@ def policy_fails_job_at_once(exit_code: int, codes: frozenset[int]) -> bool:
 
 def delivered(outcome, tmp_path: Path, codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES) -> tuple[int, dict]:
     """The exit code and termination message the launcher would hand Kubernetes for ``outcome``."""
-    from launcher.report import deliver
+    from launcher.core.report import deliver
 
     path = tmp_path / "termination.json"
     code = deliver(outcome, str(path), codes)
@@ -174,8 +174,8 @@ def every_launcher_error_class() -> set[type]:
 
 def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
     """An instance of each class, the exit code the table gives it and whether it is retryable."""
-    from launcher.outcome import ConfigError, WaitTimeout
-    from launcher.supervisor import SpawnError
+    from launcher.core.outcome import ConfigError, WaitTimeout
+    from launcher.core.supervisor import SpawnError
 
     return [
         (LauncherError("an unclassified launcher failure"), CONFIG_ERROR, False),

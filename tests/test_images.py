@@ -156,9 +156,9 @@ def test_torch_image_is_the_dataset_initializer(engine, torch_image, tmp_path):
 def test_entrypoint_gives_launcher_words_to_the_launcher_and_any_other_command_to_exec(tmp_path):
     # images/entrypoint.sh against a trainer-launcher that prints its arguments; every
     # subcommand launcher/cli.py knows must reach the launcher unchanged.
-    from launcher.cli import _parser
+    from launcher.cli import _parser, frameworks
 
-    subcommands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    subcommands = next(a for a in _parser(frameworks())._actions if isinstance(a, argparse._SubParsersAction)).choices
     fake = tmp_path / "trainer-launcher"
     fake.write_text('#!/bin/sh\nfor word in "$@"; do printf "%s\\n" "$word"; done\n')
     fake.chmod(0o755)

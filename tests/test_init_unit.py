@@ -15,7 +15,7 @@ from conftest import REPO, clean_env, launcher
 from launcher.initializers.engine import PermanentError, RemoteFile, safe_destination, select
 from launcher.initializers.job import extract
 from launcher.initializers.uri import parse_storage_uri, redact_uri
-from launcher.outcome import ConfigError
+from launcher.core.outcome import ConfigError
 
 
 @pytest.mark.parametrize(("uri", "scheme", "authority", "path"), [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import settings
+from launcher.core import settings
 from launcher.mpi import ssh
 from launcher.mpi.detect import MpiImpl, parse_version
 from launcher.mpi.hostfile import MAX_SLOTS, Host, parse_hostfile, render, uniform_slots
@@ -29,10 +29,11 @@ from launcher.mpi.plan import (
     plan_mpi,
     split_mpirun_args,
 )
-from launcher.mpi_job import _root_cause_from_output
-from launcher.outcome import ConfigError, RootCause
-from launcher.settings import MpiSettings, Override
-from launcher.supervisor import Child
+from launcher.mpi.job import _root_cause_from_output
+from launcher.core.outcome import ConfigError, RootCause
+from launcher.core.settings import Override
+from launcher.mpi.settings import MpiSettings
+from launcher.core.supervisor import Child
 
 IS_ROOT = os.geteuid() == 0
 MPI_PREFIXES = ("LAUNCHER_", "OMPI_", "PRTE_", "I_MPI_", "HYDRA_")

@@ -104,7 +104,7 @@ def test_the_address_faces_the_workers_and_is_loopback_when_every_rank_is_here()
 
 
 def test_the_rank_runner_imports_nothing_heavy():
-    code = ("import sys, launcher.mpi.rank; heavy = [m for m in ('launcher.settings', 'pydantic', 'mpi4py', 'torch') "
+    code = ("import sys, launcher.mpi.rank; heavy = [m for m in ('launcher.core.settings', 'pydantic', 'mpi4py', 'torch') "
             "if m in sys.modules]; print(heavy)")
     result = subprocess.run([sys.executable, "-c", code], env=clean_env(), cwd=REPO, capture_output=True,
                             text=True, timeout=60)

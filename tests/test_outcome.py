@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from launcher.outcome import (
+from launcher.core.outcome import (
     DEFAULT_RETRYABLE_EXIT_CODES, Outcome, RootCause, classify, evidence_regex, is_retryable, terminated,
 )
 

@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 import k8s_checks
-from launcher import __version__, cli, failure_policy
-from launcher.outcome import (
+from launcher import __version__, cli
+from launcher.core import failure_policy
+from launcher.core.outcome import (
     DEFAULT_RETRYABLE_EXIT_CODES,
     ConfigError,
     WaitTimeout,
@@ -25,7 +26,8 @@ from launcher.outcome import (
     is_retryable,
     terminated,
 )
-from launcher.settings import LauncherSettings, MpiSettings
+from launcher.core.settings import LauncherSettings
+from launcher.mpi.settings import MpiSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIMES = ROOT / "runtimes"
@@ -417,7 +419,7 @@ def _parsed(command: list[str], trainjob_args: list[str]):
     assert command[0] == "trainer-launcher"
     head, rest = cli._split([*command[1:], *trainjob_args])
     assert rest == trainjob_args
-    return cli._parser().parse_args(head)
+    return cli._parser(cli.frameworks()).parse_args(head)
 
 
 def test_commands_are_launcher_invocations_that_take_the_trainjob_args():

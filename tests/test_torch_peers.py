@@ -15,8 +15,8 @@ from pathlib import Path
 
 from conftest import RANKS, Job, clean_env, free_port, launcher, rank_reports, wait_for
 
-from launcher.job_outcome import NodeOutcome, job_outcome, root_cause
-from launcher.outcome import Outcome, RootCause
+from launcher.core.job_outcome import NodeOutcome, job_outcome, root_cause
+from launcher.core.outcome import Outcome, RootCause
 
 # What a successful multi-node run must never print: torch's exit-barrier failure when the node
 # serving the store leaves first, with its C++ stack trace.

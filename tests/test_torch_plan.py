@@ -12,11 +12,11 @@ import os
 
 import pytest
 
-from launcher import settings
-from launcher.devices import Accelerators, HostFacts
-from launcher.outcome import ConfigError
-from launcher.settings import TorchSettings
-from launcher.torch_plan import (
+from launcher.core import settings
+from launcher.core.devices import Accelerators, HostFacts
+from launcher.core.outcome import ConfigError
+from launcher.torch.settings import TorchSettings
+from launcher.torch.plan import (
     C10D_DEFAULT_PORT, TorchPlan, Wait, plan_torch, resolve_nproc, split_torchrun_args,
 )
 
@@ -186,7 +186,7 @@ def test_resolve_nproc_says_where_the_count_came_from():
 
 # --- nproc when Trainer passed the CPU request (MIG, Neuron, Gaudi) -----------------------------
 # Trainer sets PET_NPROC_PER_NODE to the CPU request when no resource name contains "gpu". The
-# accelerators are faked as host facts (none exist here; launcher.devices counts them, see
+# accelerators are faked as host facts (none exist here; launcher.core.devices counts them, see
 # tests/test_devices.py).
 
 TWO_MIG = Accelerators("NVIDIA MIG device", 2, "NVIDIA_VISIBLE_DEVICES")

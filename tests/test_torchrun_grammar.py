@@ -2,7 +2,7 @@
 
 torchrun's own parser (``torch.distributed.run.get_args_parser()``) is the oracle. A seeded
 generator writes command lines from that parser's flags (so a flag a new torch adds is generated
-too, and the table check below fails until launcher.torchrun_args knows it): every flag, dash and
+too, and the table check below fails until launcher.torch.args knows it): every flag, dash and
 underscore spellings, abbreviations, ``--flag=value`` and ``--flag value``, short clusters
 (``-mt3``), ``-m``/``--no-python``/``--run-path``, ``--``, and script arguments that look like
 torchrun flags; a few carry values torchrun refuses. The corpus spans three environments (none;
@@ -29,11 +29,12 @@ from unittest import mock
 import pytest
 
 from conftest import RANKS, Job, clean_env, free_port, launcher, rank_reports
-from launcher import devices, torchrun_args
-from launcher.devices import HostFacts
-from launcher.outcome import ConfigError
-from launcher.torch_job import make_plan
-from launcher.torch_plan import OWNED, TorchPlan
+from launcher.torch import args as torchrun_args
+from launcher.core import devices
+from launcher.core.devices import HostFacts
+from launcher.core.outcome import ConfigError
+from launcher.torch.job import make_plan
+from launcher.torch.plan import OWNED, TorchPlan
 
 torchrun = pytest.importorskip("torch.distributed.run")
 
@@ -93,7 +94,7 @@ def planned(argv: list[str], env: dict[str, str]) -> TorchPlan:
 
 
 def test_the_flag_table_is_torchruns_parser_flag_for_flag():
-    """launcher.torchrun_args.FLAGS must list what torchrun's parser declares; a new torch flag
+    """launcher.torch.args.FLAGS must list what torchrun's parser declares; a new torch flag
     fails here until the table has it (the message says which)."""
     from torch.distributed.argparse_util import check_env, env
 

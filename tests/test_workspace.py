@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.workspace import unwritable
+from launcher.core.workspace import unwritable
 
 NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the check as another uid")

@@ -7,14 +7,15 @@ import signal
 import tarfile
 import zipfile
 
-from launcher import log, settings, workspace
+from launcher.core import log, settings, workspace
 from launcher.initializers.engine import (
     Engine, PermanentError, Summary, TransientError, permanent_os_error, safe_destination, select,
 )
 from launcher.initializers.uri import StorageUri, parse_storage_uri
-from launcher.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome, terminated
-from launcher.report import deliver, run_command
-from launcher.settings import InitSettings, LauncherSettings, Override
+from launcher.core.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome, terminated
+from launcher.core.report import deliver, run_command
+from launcher.core.settings import LauncherSettings, Override
+from launcher.initializers.settings import InitSettings
 
 TARGETS = {"dataset": "/workspace/dataset", "model": "/workspace/model"}
 # Upstream's model initializer skips these weight formats unless IGNORE_PATTERNS says otherwise.

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from launcher.outcome import ConfigError
+from launcher.core.outcome import ConfigError
 
 SCHEMES = ("hf", "s3", "file", "https", "http")
 _CONTRACT = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$")

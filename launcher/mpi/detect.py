@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from launcher.outcome import ConfigError
+from launcher.core.outcome import ConfigError
 
 IMPLEMENTATIONS = ("openmpi", "intel", "mpich")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.outcome import ConfigError
+from launcher.core.outcome import ConfigError
 
 MAX_SLOTS = 4096
 _OPENMPI_LINE = re.compile(r"^(?P<host>\S+)(?P<options>(?:\s+\S+)*)$")
@@ -20,7 +20,7 @@ class Host:
 def parse_hostfile(text: str, source: str, default_slots: int | None = None) -> tuple[Host, ...]:
     """Hosts from ``host slots=N`` (Open MPI) or ``host:N`` (hydra) lines; ``#`` comments and blank
     lines are ignored, a host without a count gets ``default_slots`` (else 1)."""
-    from launcher.settings import parse_host
+    from launcher.core.settings import parse_host
 
     hosts: list[Host] = []
     seen: set[str] = set()

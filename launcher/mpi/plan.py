@@ -163,7 +163,7 @@ def ssh_client_config(identity: str, port: int) -> str:
 
 
 def plan_mpi(
-    settings,  # launcher.settings.MpiSettings
+    settings,  # launcher.mpi.settings.MpiSettings
     impl: MpiImpl,
     hosts: tuple[Host, ...],
     args: list[str],
@@ -171,7 +171,7 @@ def plan_mpi(
     facts: MpiFacts,
     sources: dict[str, str] | None = None,
 ) -> MpiPlan:
-    from launcher.outcome import ConfigError
+    from launcher.core.outcome import ConfigError
 
     flags, program = split_mpirun_args(args)
     if not program:

@@ -9,7 +9,7 @@ and sometimes loses; this report does not.
 
 Imports nothing from the launcher beyond this file, and mpi4py only when the program starts: it
 runs in every rank, so it reads its few variables from the environment itself rather than through
-launcher.settings (and pydantic).
+launcher.core.settings (and pydantic).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from launcher.outcome import ConfigError
+from launcher.core.outcome import ConfigError
 
 PRIVATE_KEY = "id_rsa"  # the Trainer's name; the key itself is ECDSA P-521
 PUBLIC_KEY = "id_rsa.pub"

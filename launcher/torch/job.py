@@ -14,16 +14,16 @@ import tempfile
 import time
 from typing import TYPE_CHECKING
 
-from launcher.outcome import (
+from launcher.core.outcome import (
     CONFIG_ERROR, TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex, success, terminated,
 )
-from launcher.job_outcome import NodeOutcome, job_outcome, stopped_by
-from launcher.supervisor import Child, Interrupted, Supervisor
+from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
+from launcher.core.supervisor import Child, Interrupted, Supervisor
 
 if TYPE_CHECKING:
-    from launcher.devices import HostFacts
-    from launcher.settings import LauncherSettings, Override
-    from launcher.torch_plan import TorchPlan
+    from launcher.core.devices import HostFacts
+    from launcher.core.settings import LauncherSettings, Override
+    from launcher.torch.plan import TorchPlan
 
 # torchrun exceptions that mean the network or the other nodes, not the program.
 # After its own verdict, how much longer than the grace period a node waits for the others':
@@ -37,10 +37,11 @@ def make_plan(rest: list[str], require_program: bool = True,
     """Read and validate the environment and the torchrun flags after ``--``; plan the run.
     ``launcher``: the loaded knobs, flags included (None: their defaults). What the plan changed
     on its own (fewer accelerators than PET_NPROC_PER_NODE) is logged here."""
-    from launcher import log, settings
-    from launcher.devices import probe_host
-    from launcher.settings import HostEnv, TorchSettings
-    from launcher.torch_plan import plan_torch, split_torchrun_args
+    from launcher.core import log, settings
+    from launcher.core.devices import probe_host
+    from launcher.core.settings import HostEnv
+    from launcher.torch.settings import TorchSettings
+    from launcher.torch.plan import plan_torch, split_torchrun_args
 
     run = split_torchrun_args(rest)
     torch = settings.load(TorchSettings, run.overrides)
@@ -70,15 +71,15 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
             # Start importing torch now, while we validate and wait.
             agent = supervisor.spawn(
                 "torchrun",
-                [sys.executable, "-m", "launcher.torch_agent", "--control-fd", str(control_r),
+                [sys.executable, "-m", "launcher.torch.agent", "--control-fd", str(control_r),
                  "--status-fd", str(status_w), "--report", report_path, "--job", job_path],
                 pass_fds=(control_r, status_w),
             )
             os.close(control_r)
             os.close(status_w)
-            from launcher import log, settings, workspace
-            from launcher.report import deliver
-            from launcher.settings import LauncherSettings
+            from launcher.core import log, settings, workspace
+            from launcher.core.report import deliver
+            from launcher.core.settings import LauncherSettings
 
             try:
                 launcher = settings.load(LauncherSettings, launcher_overrides)
@@ -125,7 +126,7 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
             nodes = [_node_outcome(summary) for summary in _read_json(job_path, [])]
             return deliver(job_outcome(own, plan.node_rank, node, nodes), termination_log, codes)
         except LauncherError as error:
-            from launcher.report import deliver
+            from launcher.core.report import deliver
 
             return deliver(error.outcome(), termination_log, codes)
         finally:
@@ -156,7 +157,7 @@ class _Control:
 
 
 def _peers(plan: TorchPlan, node: str, grace: float) -> dict | None:
-    """Where the agents of a fixed-size multi-node job meet (launcher.torch_peers): the store
+    """Where the agents of a fixed-size multi-node job meet (launcher.torch.peers): the store
     torchrun's rendezvous serves. Not for elastic jobs, where a node may leave and the rest go on,
     nor without a node rank per node to tell the nodes apart."""
     if plan.wait.store is None or ":" in plan.nnodes or plan.nnodes == "1":
@@ -173,7 +174,7 @@ def _summary(plan: TorchPlan) -> str:
 
 
 def _wait(plan: TorchPlan, launcher: LauncherSettings, supervisor: Supervisor) -> None:
-    from launcher import log, netwait
+    from launcher.core import log, netwait
 
     deadline = time.monotonic() + launcher.rendezvous_timeout
     if plan.wait.resolve:

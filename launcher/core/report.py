@@ -1,6 +1,6 @@
 """Deliver an outcome: one log line, the termination message, the exit code. Secrets redacted.
 
-:func:`deliver` is the one place where ``retryable`` is decided (:func:`launcher.outcome.is_retryable`
+:func:`deliver` is the one place where ``retryable`` is decided (:func:`launcher.core.outcome.is_retryable`
 of the exit code and the retryable set), for the log line and the termination message alike.
 """
 
@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
-
 from typing import Callable
 
-from launcher import log, settings
-from launcher.outcome import DEFAULT_RETRYABLE_EXIT_CODES, LauncherError, Outcome, is_retryable
-from launcher.settings import LauncherSettings, load, redact
+from launcher.core import log, settings
+from launcher.core.outcome import DEFAULT_RETRYABLE_EXIT_CODES, LauncherError, Outcome, is_retryable
+from launcher.core.settings import LauncherSettings, load, redact
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
@@ -30,6 +29,19 @@ def run_command(launcher_overrides: dict, body: Callable[[LauncherSettings], Out
         return deliver(body(launcher), termination_log, codes)
     except LauncherError as error:
         return deliver(error.outcome(), termination_log, codes)
+
+
+def print_plan(launcher_overrides: dict, build: Callable[[LauncherSettings], dict]) -> int:
+    """``plan`` and ``policy``: print what ``build(launcher settings)`` returns, as JSON. Bad input
+    is one line and exit 2, as everywhere; nothing is written to the termination log."""
+    launcher = None
+    try:
+        launcher = load(LauncherSettings, launcher_overrides)
+        document = build(launcher)
+    except LauncherError as error:
+        return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
+    print(json.dumps(document, indent=2))
+    return 0
 
 
 def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: frozenset[int] | None) -> int:

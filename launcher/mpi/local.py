@@ -19,12 +19,12 @@ import subprocess
 import sys
 import tempfile
 
-from launcher import log, settings
-from launcher.local import UNSHARE_NODE, isolation_problem
-from launcher.outcome import ConfigError, Outcome, classify, success, terminated
-from launcher.report import run_command
-from launcher.settings import LauncherSettings, Override
-from launcher.supervisor import Supervisor
+from launcher.core import log, settings
+from launcher.local.nodes import UNSHARE_NODE, isolation_problem
+from launcher.core.outcome import ConfigError, Outcome, classify, success, terminated
+from launcher.core.report import run_command
+from launcher.core.settings import LauncherSettings, Override
+from launcher.core.supervisor import Supervisor
 
 CLONE_NEWNET = 0x40000000
 INTERFACE = "tl0"

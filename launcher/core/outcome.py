@@ -4,7 +4,7 @@ Everything that ends a launcher run (a rank's exit, a signal the launcher receiv
 that timed out, bad configuration) becomes an :class:`Outcome` here and nowhere else.
 Classification decides only the exit code. Whether that code is retryable is decided by one
 function, :func:`is_retryable`, from the code and the retryable set, and only when the outcome is
-delivered; the runtimes' failure policies (:mod:`launcher.failure_policy`) are derived from the
+delivered; the runtimes' failure policies (:mod:`launcher.core.failure_policy`) are derived from the
 same set. So the exit code, ``retryable`` in the termination message and the policy cannot
 disagree.
 """

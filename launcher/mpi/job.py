@@ -11,18 +11,19 @@ import sys
 import time
 from dataclasses import replace
 
-from launcher import log, netwait, settings
-from launcher.exec_job import supervise
+from launcher.core import log, netwait, settings
+from launcher.core.exec_job import supervise
 from launcher.mpi import ssh
 from launcher.mpi.detect import detect
 from launcher.mpi.hostfile import Host, parse_hostfile
 from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, plan_mpi, split_mpirun_args
 from launcher.mpi.rank import REPORT_ENV
 from launcher.mpi.reports import RankFailure, RankReports
-from launcher.outcome import ConfigError, LauncherError, Outcome, RootCause, terminated
-from launcher.report import run_command
-from launcher.settings import HostEnv, LauncherSettings, MpiSettings, Override
-from launcher.supervisor import Child, Interrupted, Supervisor
+from launcher.core.outcome import ConfigError, LauncherError, Outcome, RootCause, terminated
+from launcher.core.report import run_command
+from launcher.core.settings import HostEnv, LauncherSettings, Override
+from launcher.mpi.settings import MpiSettings
+from launcher.core.supervisor import Child, Interrupted, Supervisor
 
 # How the MPIs name the rank that brought the job down (MPI_Abort, as `python -m mpi4py` calls it).
 _ABORT_RANK = (

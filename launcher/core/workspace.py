@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 
-from launcher import log, settings
+from launcher.core import log, settings
 
 WORKSPACE = "/workspace"
 # Set once the line is said, so a launcher nested in the same container (the SDK's `bash -lc`

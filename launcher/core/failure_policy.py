@@ -1,4 +1,4 @@
-"""Kubernetes failure policies derived from the exit-code table in :mod:`launcher.outcome`.
+"""Kubernetes failure policies derived from the exit-code table in :mod:`launcher.core.outcome`.
 
 The runtimes under ``runtimes/`` carry these policies as hand-written, commented YAML; a test
 proves the YAML equals what this module derives, so ``outcome.py`` stays the one table.
@@ -21,7 +21,7 @@ Pure: dicts in the shapes of the Kubernetes and JobSet APIs, no I/O.
 
 from __future__ import annotations
 
-from launcher.outcome import DEFAULT_RETRYABLE_EXIT_CODES, SUCCESS
+from launcher.core.outcome import DEFAULT_RETRYABLE_EXIT_CODES, SUCCESS
 
 # podFailurePolicy works only with pods that are never restarted in place.
 RESTART_POLICY = "Never"

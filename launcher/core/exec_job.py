@@ -8,13 +8,13 @@ import socket
 import tempfile
 from typing import Callable
 
-from launcher import settings, workspace
-from launcher.outcome import (
+from launcher.core import settings, workspace
+from launcher.core.outcome import (
     ConfigError, Outcome, RootCause, classify, code_for, evidence_regex, signal_name, success, terminated,
 )
-from launcher.report import handed_off, run_command
-from launcher.settings import HostEnv, LauncherSettings, Override
-from launcher.supervisor import Child, Supervisor
+from launcher.core.report import handed_off, run_command
+from launcher.core.settings import HostEnv, LauncherSettings, Override
+from launcher.core.supervisor import Child, Supervisor
 
 
 def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int:

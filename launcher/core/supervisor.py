@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from launcher.outcome import COMMAND_NOT_FOUND, LauncherError
+from launcher.core.outcome import COMMAND_NOT_FOUND, LauncherError
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

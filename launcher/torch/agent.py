@@ -4,12 +4,12 @@ The launcher never imports torch. It starts this module as soon as it knows the 
 job, so ``import torch`` (about a second) overlaps the launcher's validation and DNS/port waits.
 Then, over the control pipe, the launcher sends one JSON line: the torchrun arguments, the
 environment changes and, for a multi-node job of fixed size, where the job's store is
-(launcher.torch_peers). torchrun reduces every worker failure to exit code 1; here we catch its
+(launcher.torch.peers). torchrun reduces every worker failure to exit code 1; here we catch its
 failure record instead and write a report. The agent then tells the launcher (status pipe), which
 classifies this node's outcome (it alone has seen the ranks' output) and sends it back as a second
 line. Only then does the agent share it with the other nodes, wait for theirs, and exit.
 
-Usage (internal): python -m launcher.torch_agent --control-fd FD --status-fd FD --report PATH --job PATH
+Usage (internal): python -m launcher.torch.agent --control-fd FD --status-fd FD --report PATH --job PATH
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class Agent:
             os.kill(os.getpid(), signal.SIGTERM)
             # torchrun waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT (the grace period) for its ranks.
             threading.Event().wait(self.grace + 10)
-            from launcher.torch_peers import stop_local_ranks
+            from launcher.torch.peers import stop_local_ranks
 
             stop_local_ranks(self.workers, 0)
             self.finish({"stoppedBy": record, "exitCode": 128 + signal.SIGTERM})
@@ -207,7 +207,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(agent.grace))))
     _track_workers(agent.workers)
     if plan.get("peers"):
-        from launcher.torch_peers import PeerConfig, Peers
+        from launcher.torch.peers import PeerConfig, Peers
 
         agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop)
         _publish_final_failures(agent.peers)

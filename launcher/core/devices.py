@@ -256,7 +256,7 @@ def cpu_affinity() -> int:
 
 
 def probe_host(host_env) -> HostFacts:
-    """Read the real host. ``host_env`` is :class:`launcher.settings.HostEnv`."""
+    """Read the real host. ``host_env`` is :class:`launcher.core.settings.HostEnv`."""
     nvidia = nvidia_accelerators(host_env.cuda_visible_devices, host_env.nvidia_visible_devices)
     return HostFacts(
         hostname=host_env.hostname or socket.gethostname(),  # Kubernetes sets HOSTNAME to the pod name

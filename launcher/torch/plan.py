@@ -17,12 +17,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from launcher import torchrun_args
-from launcher.devices import HostFacts
-from launcher.knobs import Override
-from launcher.outcome import ConfigError
-from launcher.settings import TorchSettings
-from launcher.torchrun_args import CommandLine, Given
+from launcher.torch import args as torchrun_args
+from launcher.core.devices import HostFacts
+from launcher.core.knobs import Override
+from launcher.core.outcome import ConfigError
+from launcher.torch.settings import TorchSettings
+from launcher.torch.args import CommandLine, Given
 
 C10D_DEFAULT_PORT = 29400
 ETCD_DEFAULT_PORT = 2379

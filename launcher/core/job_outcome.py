@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from launcher.outcome import PEER_LOSS_PATTERN, Outcome
+from launcher.core.outcome import PEER_LOSS_PATTERN, Outcome
 
 # Outcomes that never make a node the root cause: it stopped because of another, or was told to.
 PEER_FAILED = "PeerFailed"

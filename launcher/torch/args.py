@@ -15,7 +15,7 @@ import argparse
 import functools
 from dataclasses import dataclass
 
-from launcher.outcome import ConfigError
+from launcher.core.outcome import ConfigError
 
 TORCH_CHECKED = "2.13"  # the torch whose parser this table was last checked against
 

@@ -12,11 +12,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from launcher import settings
-from launcher.devices import probe_host
-from launcher.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome
-from launcher.report import run_command
-from launcher.settings import HostEnv, Override, SmokeSettings, TorchSettings
+from launcher.core import settings
+from launcher.core.devices import probe_host
+from launcher.core.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome
+from launcher.core.report import run_command
+from launcher.core.settings import HostEnv, Override
+from launcher.smoke.settings import SmokeSettings
+from launcher.torch.settings import TorchSettings
 
 
 @dataclass
@@ -35,8 +37,8 @@ def _at_least(name: str, value: float | None, minimum: float, unit: str, kind: s
 
 
 def run_checks(smoke: SmokeSettings, torch_settings: TorchSettings, host) -> list[Check]:
-    from launcher import smoke_probes as probe
-    from launcher.torch_plan import resolve_nproc
+    from launcher.smoke import probes as probe
+    from launcher.torch.plan import resolve_nproc
 
     checks: list[Check] = []
     try:

@@ -11,7 +11,7 @@ import socket
 import time
 from typing import Callable, TypeVar
 
-from launcher.outcome import WaitTimeout
+from launcher.core.outcome import WaitTimeout
 
 Sleep = Callable[[float], None]
 T = TypeVar("T")

@@ -1,0 +1,1 @@
+"""N pods of a TrainJob emulated on one machine."""

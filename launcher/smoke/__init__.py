@@ -1,0 +1,1 @@
+"""The node preflight: CPU/GPU, shm, disk, DNS, gloo/NCCL against thresholds."""

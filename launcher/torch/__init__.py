@@ -1,0 +1,1 @@
+"""torch: torchrun from the PET_* environment, planned, supervised, and failing as one job."""

@@ -1,0 +1,42 @@
+"""``trainer-launcher torch``: how the CLI reaches this package (nothing heavy imported here)."""
+
+from __future__ import annotations
+
+import argparse
+
+from launcher.core.knobs import Override
+
+NAME = "torch"
+HELP = "run torchrun from the PET_* environment, supervised"
+USAGE = "trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]"
+KNOBS: dict = {}  # torch's own settings come from PET_* and torchrun's flags
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
+    from launcher.torch.job import run_torch
+
+    return run_torch(overrides, rest)
+
+
+def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
+    from launcher.core.report import print_plan
+    from launcher.torch.job import make_plan
+
+    def build(launcher) -> dict:
+        torch_plan, _ = make_plan(rest, require_program=False, launcher=launcher)
+        return {**torch_plan.to_json(), "launcher": {
+            "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
+            "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
+        }}
+
+    return print_plan(overrides, build)
+
+
+def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
+    from launcher.torch.local import run_local
+
+    return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation)
