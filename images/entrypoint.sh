@@ -11,7 +11,7 @@
 #     terminal itself, not the launcher's output relay, so it runs directly.
 # Keep the list in step with launcher/cli.py (tests/test_images.py checks it).
 case "${1:-}" in
-  ""|-*|torch|plan|mpi|exec|local|init|policy|smoke) exec trainer-launcher "$@" ;;
+  ""|-*|torch|plan|mpi|jax|xgboost|exec|local|init|policy|smoke) exec trainer-launcher "$@" ;;
 esac
 if [ -t 0 ] && [ -t 1 ]; then
   exec "$@"

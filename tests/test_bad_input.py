@@ -155,7 +155,7 @@ CASES = [
     plan_env("keep-nproc-maybe", "LAUNCHER_KEEP_NPROC", "maybe"),
     Case("flag-keep-nproc", ("plan", "--keep-nproc", "sometimes", "--", SCRIPT), {}, "--keep-nproc", "sometimes"),
     # --- argparse-level mistakes ---------------------------------------------------------------
-    Case("plan-unknown-framework", ("plan", "--framework", "jax", "--", SCRIPT), {}, "--framework", "jax"),
+    Case("plan-unknown-framework", ("plan", "--framework", "chainer", "--", SCRIPT), {}, "--framework", "chainer"),
     Case("plan-unknown-launcher-flag", ("plan", "--bogus", "1", "--", SCRIPT), {}, "--bogus"),
     Case("unknown-subcommand", ("bogus", SCRIPT), {}, "COMMAND", "bogus"),
     # --- torch: validation fails before torchrun (or the script) starts ------------------------

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launcher import __version__
 import containers
@@ -445,3 +446,128 @@ def test_worker_started_the_upstream_way(pods):
     pods.start_worker("/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config")
     result = pods.launch("mpirun", "--hostfile", "/etc/mpi/hostfile", "python3", "/programs/mpi_ranks.py")
     assert_one_rank_per_pod(pods, result)
+
+
+# ---------------------------------------------------------------------------------------------
+# one Dockerfile, other frameworks: Dockerfile.torch with EXTRA_PACKAGES and IMPORTS builds the
+# JAX, XGBoost and torchtune images (the JAX and XGBoost ones here from a base without torch)
+# ---------------------------------------------------------------------------------------------
+
+JAX_PACKAGES = "jax[cpu]==0.10.2"
+XGBOOST_PACKAGES = "xgboost-cpu==3.2.0"  # the CPU-only wheel; `xgboost` itself pulls NCCL for GPUs
+TORCHTUNE_PACKAGES = "torchtune==0.6.1 torchao==0.15.0"  # torchao 0.16 dropped what torchtune 0.6.1 imports
+
+
+def _variant(engine, name: str, packages: str, imports: str, torch: bool = False) -> str:
+    tag = f"localhost/trainer-launcher-{name}:test"
+    build_args = {"BASE_IMAGE": containers.BASE, "EXTRA_PACKAGES": packages, "IMPORTS": imports}
+    volumes = []
+    if torch:
+        wheels = containers.torch_wheel_dir()
+        if wheels is None:
+            pytest.skip("no local torch CPU wheel (pip find-links) to stand in for the PyTorch base image's torch")
+        build_args["TORCH"] = f"--find-links={wheels} torch==2.13.0"
+        volumes = [f"{wheels}:{wheels}:ro"]
+    engine.build("Dockerfile.torch", tag, build_args, volumes=volumes)
+    return tag
+
+
+@pytest.fixture(scope="session")
+def jax_image(engine) -> str:
+    return _variant(engine, "jax", JAX_PACKAGES, "numpy jax")
+
+
+@pytest.fixture(scope="session")
+def xgboost_image(engine) -> str:
+    return _variant(engine, "xgboost", XGBOOST_PACKAGES, "numpy xgboost")
+
+
+@pytest.fixture(scope="session")
+def torchtune_image(engine) -> str:
+    return _variant(engine, "torchtune", TORCHTUNE_PACKAGES, "numpy torch torchtune", torch=True)
+
+
+def pod(hostname: str = f"{TJ}-node-0-0", **env: str | int) -> list[str]:
+    """podman options for a Trainer pod: its hostname, the master's DNS name, the injected env."""
+    return ["--hostname", hostname, "--add-host", f"{TJ}-node-0-0.{TJ}:127.0.0.1",
+            *[word for name, value in env.items() for word in ("-e", f"{name}={value}")]]
+
+
+JAX_PROGRAM = ("import jax, jax.numpy as jnp; "
+               "print('jax', jax.process_index(), jax.process_count(), float(jnp.arange(4).sum()), flush=True); "
+               "raise SystemExit(int(__import__('os').environ.get('EXIT', '0')))")
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_jax_image_runs_a_one_process_job_from_the_trainer_env(engine, jax_image, code):
+    # The jax runtime's command, with what Trainer's JAX policy injects into the one `node` pod
+    # of a 1-node TrainJob.
+    result = engine.run(jax_image, "jax", "--", "python", "-c", JAX_PROGRAM, options=[
+        "--entrypoint", "trainer-launcher", *pod(JAX_NUM_PROCESSES=1, JAX_PROCESS_ID=0,
+                                                 JAX_COORDINATOR_ADDRESS=f"{TJ}-node-0-0.{TJ}:29500", EXIT=code)])
+    assert result.returncode == code, result.stderr[-3000:]
+    assert "jax 0 1 6.0" in result.stdout
+    assert "No module named 'torch'" in engine.run(jax_image, "python", "-c", "import torch").stderr  # no torch in it
+
+
+def test_xgboost_image_trains_one_worker_from_the_trainer_env(engine, xgboost_image):
+    # The launcher's xgboost command, with what Trainer's XGBoost policy injects into the one
+    # `node` pod of a 1-node TrainJob: the worker trains inside the collective of pod 0's tracker.
+    program = ("import numpy as np, xgboost as xgb; "
+               "rng = np.random.default_rng(0); x = rng.normal(size=(256, 4)); y = (x[:, 0] > 0).astype(int); "
+               "booster = xgb.train({'objective': 'binary:logistic', 'tree_method': 'hist'}, xgb.DMatrix(x, y), 5); "
+               "print('xgboost trees', booster.num_boosted_rounds(), 'world', xgb.collective.get_world_size(), "
+               "'rank', xgb.collective.get_rank(), flush=True)")
+    result = engine.run(xgboost_image, "xgboost", "--", "python", "-c", program, options=[
+        "--entrypoint", "trainer-launcher", *pod(DMLC_TRACKER_URI=f"{TJ}-node-0-0.{TJ}", DMLC_TRACKER_PORT=29500,
+                                                 DMLC_TASK_ID=0, DMLC_NUM_WORKER=1)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "xgboost trees 5 world 1 rank 0" in result.stdout
+
+
+def test_torchtune_images_tune_is_torchtunes_own_cli_for_all_but_run(engine, torchtune_image):
+    result = engine.run(torchtune_image, "ls", options=["--entrypoint", "tune"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "full_finetune_distributed" in result.stdout and "llama3_2/1B_full" in result.stdout
+
+
+def test_torchtune_image_plans_the_runtimes_command_with_its_installed_recipe(engine, torchtune_image):
+    runtime = yaml.safe_load((REPO / "runtimes/torchtune-llama3.2-1b.yaml").read_text())
+    (node,) = [j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"] if j["name"] == "node"]
+    command = node["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    result = engine.run(torchtune_image, "plan", "--tune", "--", *command[2:], options=pod(
+        PET_NNODES=1, PET_NPROC_PER_NODE=2, PET_NODE_RANK=0, PET_MASTER_ADDR=f"{TJ}-node-0-0.{TJ}", PET_MASTER_PORT=29500))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    recipe = document["tune"]["script"]
+    assert recipe.startswith("/opt/trainer-launcher/venv/") and recipe.endswith("/recipes/full_finetune_distributed.py")
+    assert document["tune"]["configPath"].endswith("/recipes/configs/llama3_2/1B_full.yaml")
+    assert recipe in document["argv"] and (document["mode"], document["nprocPerNode"]) == ("static", 2)
+
+
+@pytest.mark.parametrize("fail, code", [([], 0), (["fail_rank=1", "exit_code=3", "others_wait=sleep"], 3)])
+def test_torchtune_image_runs_tune_run_through_the_launcher(engine, torchtune_image, tmp_path, fail, code):
+    # The runtime's command shape, `tune run --rdzv_endpoint=localhost:29500 RECIPE --config ...`
+    # as the `node` container's command, with the stand-in recipe in place of the fine-tune.
+    work = tmp_path / "work"
+    (work / "my_recipes").mkdir(parents=True)
+    shutil.copy(REPO / "tests/programs/tune_recipe.py", work / "my_recipes" / "stand_in.py")
+    (work / "config.yaml").write_text("output_dir: /work/output\n")
+    (work / "output").mkdir()
+    for path in (work, work / "my_recipes", work / "output"):
+        path.chmod(0o777)
+    termination = tmp_path / "termination-log"
+    termination.touch(mode=0o666)
+    termination.chmod(0o666)
+    result = engine.run(torchtune_image, "run", "--rdzv_endpoint=localhost:29500", "my_recipes/stand_in.py",
+                        "--config", "config.yaml", *fail, options=[
+                            "--entrypoint", "tune", "--workdir", "/work", "-v", f"{work}:/work",
+                            "-v", f"{termination}:/dev/termination-log",
+                            *pod(PET_NNODES=1, PET_NPROC_PER_NODE=2, PET_NODE_RANK=0,
+                                 PET_MASTER_ADDR=f"{TJ}-node-0-0.{TJ}", PET_MASTER_PORT=29500)])
+    assert result.returncode == code, result.stderr[-3000:]
+    ranks = [json.loads(p.read_text()) for p in sorted((work / "output").glob("*.json"))]
+    assert [(r["rank"], r["world_size"], r["allreduce"]) for r in ranks] == [(0, 2, 3.0), (1, 2, 3.0)]
+    message = json.loads(termination.read_text())
+    if code:
+        assert (message["rootCause"]["rank"], message["rootCause"]["exitCode"], message["retryable"]) == (1, 3, False)

@@ -50,6 +50,18 @@ def _load(path: Path) -> dict:
         return yaml.safe_load(handle)
 
 
+# Each runtime, and the framework label the Kubeflow SDK finds it by (upstream's names).
+FRAMEWORK_OF = {
+    "torch-distributed.yaml": "torch", "torch-distributed-with-initializers.yaml": "torch",
+    "mpi-distributed.yaml": "mpi", "mpi-distributed-intel.yaml": "mpi", "mpi-distributed-mpich.yaml": "mpi",
+    "jax-distributed.yaml": "jax", "xgboost-distributed.yaml": "xgboost",
+    "deepspeed-distributed.yaml": "deepspeed", "mlx-distributed.yaml": "mlx",
+    "torchtune-llama3.2-1b.yaml": "torchtune",
+}
+# The image each framework's runtimes run (built from Dockerfile.torch or Dockerfile.mpi by build args).
+FRAMEWORK_IMAGES = {"jax": REGISTRY + "trainer-launcher-jax", "xgboost": REGISTRY + "trainer-launcher-xgboost",
+                    "deepspeed": REGISTRY + "trainer-launcher-deepspeed", "mlx": REGISTRY + "trainer-launcher-mlx",
+                    "torchtune": REGISTRY + "trainer-launcher-torchtune"}
 RUNTIME_FILES = sorted(p for p in RUNTIMES.glob("*.yaml") if p.name != KUSTOMIZATION.name)
 DOCS = {p.name: _load(p) for p in RUNTIME_FILES}
 TORCH = {n: d for n, d in DOCS.items() if "torch" in d["spec"]["mlPolicy"]}
@@ -80,10 +92,10 @@ def env_of(container: dict) -> dict[str, str]:
 
 # --- the set of files ----------------------------------------------------------------------
 
-def test_there_are_torch_and_mpi_runtimes_for_every_mpi():
-    assert set(DOCS) == {"torch-distributed.yaml", "torch-distributed-with-initializers.yaml",
-                         "mpi-distributed.yaml", "mpi-distributed-intel.yaml", "mpi-distributed-mpich.yaml"}
-    assert {d["metadata"]["labels"][MPI_FLAVOR] for d in MPI.values()} == set(MPI_IMAGES)
+def test_there_is_a_runtime_for_every_framework_upstream_ships_and_every_mpi():
+    assert set(DOCS) == set(FRAMEWORK_OF)
+    generic_mpi = [d for n, d in MPI.items() if FRAMEWORK_OF[n] == "mpi"]
+    assert {d["metadata"]["labels"][MPI_FLAVOR] for d in generic_mpi} == set(MPI_IMAGES)
 
 
 def test_kustomization_lists_exactly_the_runtime_files():
@@ -380,7 +392,10 @@ def test_policy_command_follows_the_launchers_retryable_codes(capsys, monkeypatc
 @pytest.mark.parametrize("name", sorted(DOCS))
 def test_framework_label_lets_the_sdk_find_the_runtime(name):
     labels = DOCS[name]["metadata"]["labels"]
-    assert labels[FRAMEWORK] == ("torch" if name in TORCH else "mpi")
+    assert labels[FRAMEWORK] == FRAMEWORK_OF[name]
+    # The label agrees with the policy the controller applies.
+    policy = {"torchtune": "torch", "deepspeed": "mpi", "mlx": "mpi"}.get(FRAMEWORK_OF[name], FRAMEWORK_OF[name])
+    assert policy in DOCS[name]["spec"]["mlPolicy"]
 
 
 @pytest.mark.parametrize("name", sorted(DOCS))
@@ -425,7 +440,9 @@ def _parsed(command: list[str], trainjob_args: list[str]):
 def test_commands_are_launcher_invocations_that_take_the_trainjob_args():
     # TrainJob args may start with torchrun's or mpirun's own flags; `--` keeps them off the launcher.
     passed = {"torch": ["--nproc-per-node", "2", "train.py", "--epochs", "3"],
-              "mpi": ["-x", "NCCL_DEBUG", "python3", "train.py"]}
+              "mpi": ["-x", "NCCL_DEBUG", "python3", "train.py"],
+              "jax": ["python", "train.py", "--steps", "100"],
+              "xgboost": ["python", "train.py", "--rounds", "100"]}
     for name, doc in DOCS.items():
         for rjob_name, rjob in replicated_jobs(doc).items():
             container = only_container(rjob)
@@ -436,8 +453,13 @@ def test_commands_are_launcher_invocations_that_take_the_trainjob_args():
             elif rjob_name == "node" and name in MPI:
                 args = _parsed(container["command"], [])
                 assert args.command == "mpi" and args.worker
+            elif container["command"][0] == "tune":
+                # torchtune's own command; the image's tune shim runs `tune run` through the
+                # launcher (tests/test_tune.py plans and runs it).
+                assert FRAMEWORK_OF[name] == "torchtune" and container["command"][1] == "run"
+                assert (ROOT / "images" / "shims" / "tune").exists()
             else:
-                framework = "torch" if name in TORCH else "mpi"
+                framework = next(policy for policy in passed if policy in doc["spec"]["mlPolicy"])
                 args = _parsed(container["command"], passed[framework])
                 assert args.command == framework and not getattr(args, "worker", False)
 
@@ -485,12 +507,16 @@ def test_images_are_ours_tagged_with_the_package_version():
         for rjob in replicated_jobs(doc).values():
             image, _, tag = only_container(rjob)["image"].rpartition(":")
             assert tag == __version__, name
-            if name in TORCH:
+            if only_container(rjob)["command"][1:2] == ["init"]:
+                assert image == TORCH_IMAGE, name  # one initializer image for every framework
+            elif FRAMEWORK_OF[name] in FRAMEWORK_IMAGES:
+                assert image == FRAMEWORK_IMAGES[FRAMEWORK_OF[name]], name
+            elif name in TORCH:
                 assert image == TORCH_IMAGE, name
             else:
                 assert image == MPI_IMAGES[doc["metadata"]["labels"][MPI_FLAVOR]], name
     entries = {e["name"]: e for e in _load(KUSTOMIZATION)["images"]}
-    assert set(entries) == {TORCH_IMAGE, *MPI_IMAGES.values()}
+    assert set(entries) == {TORCH_IMAGE, *MPI_IMAGES.values(), *FRAMEWORK_IMAGES.values()}
     assert all(e["newTag"] == __version__ for e in entries.values())
 
 
@@ -561,5 +587,9 @@ def test_example_trainjobs_are_accepted_and_name_a_shipped_runtime(path):
     assert doc["spec"]["runtimeRef"]["name"] in {d["metadata"]["name"] for d in DOCS.values()}
 
 
-def test_there_are_example_trainjobs_for_torch_and_mpi():
-    assert {p.name for p in EXAMPLES} == {"trainjob-torch.yaml", "trainjob-mpi.yaml"}
+def test_there_is_an_example_trainjob_for_every_framework():
+    examples = {p.name: _load(p) for p in EXAMPLES}
+    assert set(examples) == {f"trainjob-{framework}.yaml" for framework in set(FRAMEWORK_OF.values())}
+    runtime_framework = {d["metadata"]["name"]: FRAMEWORK_OF[n] for n, d in DOCS.items()}
+    for name, doc in examples.items():
+        assert name == f"trainjob-{runtime_framework[doc['spec']['runtimeRef']['name']]}.yaml"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import replace
 from typing import Callable
 
@@ -40,7 +41,10 @@ def print_plan(launcher_overrides: dict, build: Callable[[LauncherSettings], dic
         document = build(launcher)
     except LauncherError as error:
         return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
-    print(json.dumps(document, indent=2))
+    try:
+        print(json.dumps(document, indent=2), flush=True)
+    except BrokenPipeError:  # `plan | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sysconfig
 from dataclasses import dataclass
 
 from launcher.core.outcome import ConfigError
@@ -71,3 +72,15 @@ def detect(explicit_launcher: str | None, wanted: str, source: str = "LAUNCHER_M
         raise ConfigError("LAUNCHER_MPI_IMPLEMENTATION", "auto",
                           f"openmpi, intel or mpich: '{launcher} --version' printed {first!r}")
     return MpiImpl(found[0], found[1], launcher)
+
+
+def find_libmpi(launcher: str) -> str | None:
+    """Open MPI's shared library (``libmpi.so.40``, its soname since 3.0) in the prefix of the
+    ``mpirun`` we run: ``<prefix>/lib``, ``lib64`` or the Debian multiarch directory."""
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    for bindir in dict.fromkeys((os.path.dirname(launcher), os.path.dirname(os.path.realpath(launcher)))):
+        prefix = os.path.dirname(bindir)
+        for libdir in ("lib", "lib64", os.path.join("lib", multiarch) if multiarch else None):
+            if libdir and os.path.isfile(path := os.path.join(prefix, libdir, "libmpi.so.40")):
+                return path
+    return None

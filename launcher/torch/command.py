@@ -13,10 +13,21 @@ KNOBS: dict = {}  # torch's own settings come from PET_* and torchrun's flags
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    pass
+    add_shared_options(parser)
+
+
+def add_shared_options(parser: argparse.ArgumentParser) -> None:
+    """Options that `plan` and `local` take too."""
+    parser.add_argument("--tune", action="store_true",
+                        help="the words after -- are torchtune's `tune run` words: [TORCHRUN FLAGS] RECIPE "
+                             "--config CONFIG [KEY=VALUE ...] (the `tune` shim sends them)")
 
 
 def run(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
+    if args.tune:
+        from launcher.torch import tune
+
+        return tune.run(overrides, rest)
     from launcher.torch.job import run_torch
 
     return run_torch(overrides, rest)
@@ -26,17 +37,27 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
     from launcher.core.report import print_plan
     from launcher.torch.job import make_plan
 
-    def build(launcher) -> dict:
-        torch_plan, _ = make_plan(rest, require_program=False, launcher=launcher)
+    def build(launcher, words: list[str] = rest) -> dict:
+        torch_plan, _ = make_plan(words, require_program=False, launcher=launcher)
         return {**torch_plan.to_json(), "launcher": {
             "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
             "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
         }}
 
+    if args.tune:
+        from launcher.torch import tune
+
+        return print_plan(overrides, lambda launcher: tune.plan(rest, lambda words: build(launcher, words)))
     return print_plan(overrides, build)
 
 
 def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
     from launcher.torch.local import run_local
 
+    if args.tune:
+        from launcher.torch import tune
+
+        rest = tune.local_words(overrides, rest)
+        if isinstance(rest, int):
+            return rest
     return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation)

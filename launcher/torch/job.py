@@ -15,7 +15,8 @@ import time
 from typing import TYPE_CHECKING
 
 from launcher.core.outcome import (
-    CONFIG_ERROR, TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex, success, terminated,
+    CONFIG_ERROR, PEER_LOSS_PATTERN, TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex, success,
+    terminated,
 )
 from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
 from launcher.core.supervisor import Child, Interrupted, Supervisor
@@ -91,6 +92,7 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
                 supervisor.kill_all()
                 raise
             node = host.hostname
+            one_node = plan.nnodes == "1"
             supervisor.grace_period = launcher.grace_period
             supervisor.evidence = evidence_regex(launcher.retryable_pattern)
             log.info(_summary(plan), plan=plan.to_json())
@@ -104,7 +106,7 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
                 if not os.read(status_r, 64):
                     return
                 supervisor.drain()
-                verdict.append(torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node))
+                verdict.append(torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node, one_node))
                 control.send(verdict[0].to_json(codes))
                 control.close()
 
@@ -122,7 +124,8 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
                 supervisor.run()
                 return deliver(error.outcome().on_node(node), termination_log, codes)
             supervisor.run()
-            own = verdict[0] if verdict else torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node)
+            own = verdict[0] if verdict else torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node,
+                                                            one_node)
             nodes = [_node_outcome(summary) for summary in _read_json(job_path, [])]
             return deliver(job_outcome(own, plan.node_rank, node, nodes), termination_log, codes)
         except LauncherError as error:
@@ -197,9 +200,11 @@ def _node_outcome(summary: dict) -> NodeOutcome:
                        summary.get("failedAt"))
 
 
-def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str) -> Outcome:
+def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str,
+                  one_node: bool = False) -> Outcome:
     """Turn what the agent reported into a row of the exit-code table (``codes``: the retryable set).
-    The agent may still be alive (it waits for this verdict): its report says how it will exit."""
+    The agent may still be alive (it waits for this verdict): its report says how it will exit.
+    ``one_node``: every rank of the job is on this node."""
     returncode = agent.returncode if agent.returncode is not None else report.get("exitCode")
     if "stoppedBy" in report:
         return _stopped(report["stoppedBy"], codes, node)
@@ -215,7 +220,14 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
         root = next(f for f in report["failures"] if f["rank"] == report["rootRank"])
         cause = RootCause(node=node, rank=root["rank"], local_rank=root["localRank"],
                           exit_code=root["exitCode"], signal=root["signal"])
-        outcome = classify(_returncode(root), retryable_codes=codes, evidence=agent.evidence, root_cause=cause,
+        evidence = agent.evidence
+        if evidence and one_node and root["signal"] is None and PEER_LOSS_PATTERN.search(evidence) \
+                and not (supervisor.evidence and supervisor.evidence.search(root.get("message") or "")):
+            # Every peer of a one-node job is a rank here, and torchrun's first failure is the
+            # root rank: the others' "connection closed by peer" is its echo, not a network
+            # fault (a rank exiting 3 while the rest wait in a gloo/NCCL collective).
+            evidence = None
+        outcome = classify(_returncode(root), retryable_codes=codes, evidence=evidence, root_cause=cause,
                            what=f"rank {root['rank']} (local rank {root['localRank']}) on {node}")
         if root.get("message"):
             tail = {**tail, "error": root["message"]}

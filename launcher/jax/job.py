@@ -1,0 +1,269 @@
+"""``trainer-launcher jax``: JAX_* -> plan -> wait for the coordinator -> the process, supervised -> outcome.
+
+A ``python ...`` program is started first thing, through the runner (launcher/jax/run.py), before
+this process imports anything heavy (pydantic included): its ``import jax`` overlaps the
+launcher's validation and its wait for the coordinator. The runner does nothing further until
+the launcher's go word (one JSON line on a pipe: the variables to add, where to report); if the
+launcher closes the pipe without a word (bad input, a signal, a plan without the runner) the
+runner exits 0 at once, silently. Any other program starts after the wait.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import TYPE_CHECKING
+
+from launcher.core.supervisor import Child, Interrupted, Supervisor
+from launcher.core import python_argv
+from launcher.jax.plan import REPORT_ENV, runner_argv
+
+if TYPE_CHECKING:
+    from launcher.core.outcome import Outcome, WaitTimeout
+    from launcher.core.settings import LauncherSettings, Override
+    from launcher.jax.plan import JaxPlan
+
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py")
+PLACEHOLDER = ("python", "SCRIPT")
+PROBE_CAP = 0.25  # seconds between looks at the coordinator; a few per second per pod
+_OFF = ("0", "false", "no", "off")
+# What JAX prints before it aborts a process (SIGABRT) whose coordination service reported an error:
+# another process died, or the service host is gone.
+_SERVICE_FATAL = re.compile(r"JAX distributed service detected fatal errors")
+# A frame of the C++ stack trace JAX prints when it aborts: no help in a termination message.
+_STACK_FRAME = re.compile(r"^\s*@\s+0x[0-9a-f]+\s")
+# A second process registered under the same process id (JAX aborts the earlier one).
+_DUPLICATE_ID = re.compile(r"ALREADY_EXISTS: Aborted connect attempt|newer incarnation")
+
+
+class _Go:
+    """The pipe to an early runner: one go word, or closed without one."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def send(self, word: dict) -> None:
+        if self.fd != -1:
+            try:
+                os.write(self.fd, json.dumps(word).encode() + b"\n")
+            except BrokenPipeError:
+                pass  # the runner is gone; the supervisor has seen it
+            self.close()
+
+    def close(self) -> None:
+        if self.fd != -1:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _early_command(jax_overrides: dict[str, Override], rest: list[str]) -> python_argv.PythonCommand | None:
+    """The Python program to start now, before validation; None for anything else or when the
+    flag turned the runner off (the variable is read later, with the rest: a runner started for
+    nothing then exits at once)."""
+    flag = jax_overrides.get("initialize")
+    if flag is not None and str(flag.value).strip().lower() in _OFF:
+        return None
+    return python_argv.parse(rest)
+
+
+def run_jax(launcher_overrides: dict[str, Override], jax_overrides: dict[str, Override], rest: list[str]) -> int:
+    command = _early_command(jax_overrides, rest)
+    with Supervisor() as supervisor:
+        runner, go = None, _Go(-1)
+        if command is not None:
+            go_r, go_w = os.pipe()
+            argv = list(runner_argv(command, RUNNER))
+            at = argv.index(RUNNER) + 1
+            runner = supervisor.spawn("jax", [*argv[:at], "--go-fd", str(go_r), *argv[at:]], pass_fds=(go_r,))
+            os.close(go_r)
+            go = _Go(go_w)
+        try:
+            return _run(launcher_overrides, jax_overrides, rest, supervisor, runner, go)
+        finally:
+            go.close()
+
+
+def _run(launcher_overrides, jax_overrides, rest, supervisor: Supervisor, runner: Child | None, go: _Go) -> int:
+    from launcher.core import log, workspace
+    from launcher.core.report import run_command
+
+    def body(launcher: LauncherSettings) -> Outcome:
+        try:
+            workspace.warn_if_unwritable()
+            plan = make_plan(jax_overrides, rest, launcher)
+        except Exception:
+            go.close()  # the runner leaves at once, quietly: only the launcher's own line is said
+            raise
+        log.info(_summary(plan), plan=plan.to_json())
+        if runner is not None and not plan.runner:
+            go.close()
+            supervisor.run()  # the early runner exits 0 on its closed pipe
+            with Supervisor() as fresh:
+                return supervise(plan, launcher, fresh, None, go)
+        return supervise(plan, launcher, supervisor, runner, go)
+
+    return run_command(launcher_overrides, body)
+
+
+def make_plan(jax_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings,
+              require_program: bool = True) -> JaxPlan:
+    """Validate JAX_* and the launcher's knobs, read the host, plan."""
+    from launcher.core import settings
+    from launcher.core.devices import probe_host
+    from launcher.core.outcome import ConfigError
+    from launcher.core.settings import HostEnv
+    from launcher.jax.plan import JaxFacts, plan_jax
+    from launcher.jax.settings import JaxSettings, load_jax
+
+    jax = load_jax(jax_overrides)
+    if not rest:
+        if require_program:
+            raise ConfigError("PROGRAM", None, "a program after --: trainer-launcher jax [OPTIONS] -- PROGRAM [ARGS...], "
+                                               "e.g. -- python train.py")
+        rest = list(PLACEHOLDER)
+    host = probe_host(settings.load(HostEnv))
+    sources = {name: source for name in JaxSettings.model_fields
+               if (source := settings.source_of(JaxSettings, name, jax_overrides))}
+    facts = JaxFacts(hostname=host.hostname, gpu_count=host.gpu_count, runner=RUNNER,
+                     rendezvous_timeout=launcher.rendezvous_timeout)
+    return plan_jax(jax, facts, tuple(rest), sources)
+
+
+def _summary(plan: JaxPlan) -> str:
+    where = f"process {plan.process_id} of {plan.num_processes}"
+    coordinator = f", coordinator {plan.coordinator_address}" if plan.coordinator else ""
+    gpus = f", {plan.gpu_count} GPUs in one process" if plan.gpu_count else ""
+    how = "initialized by the launcher" if plan.runner else "the program initializes JAX"
+    return f"jax: {where}{coordinator}{gpus}; {how}: {' '.join(plan.argv)}"
+
+
+def supervise(plan: JaxPlan, launcher: LauncherSettings, supervisor: Supervisor, runner: Child | None,
+              go: _Go) -> Outcome:
+    """Wait for the coordinator, then let the runner go (or start the program); judge how it ended."""
+    import shutil
+    import tempfile
+
+    from launcher.core import settings
+    from launcher.core.outcome import WaitTimeout, evidence_regex, terminated
+
+    supervisor.grace_period = launcher.grace_period
+    supervisor.evidence = evidence_regex(launcher.retryable_pattern)
+    workdir = tempfile.mkdtemp(prefix="trainer-launcher-jax-")
+    report_path = os.path.join(workdir, "report.json")
+    try:
+        child = runner
+        try:
+            _wait(plan, launcher, supervisor)
+        except Interrupted:
+            pass  # a signal, or the runner exited early: judged below
+        except WaitTimeout as error:
+            go.close()
+            supervisor.kill_all()
+            supervisor.run()
+            return _coordinator_never_came(plan, launcher, error)
+        if supervisor.received_signal is None and not supervisor.exits:
+            if child is None:
+                child = supervisor.spawn("jax", list(plan.argv), {**settings.environ(), **plan.env_set})
+            else:
+                go.send({"env": {**plan.env_set, REPORT_ENV: report_path}})
+        go.close()
+        supervisor.run()
+        if child is None:
+            return terminated(supervisor.received_signal).on_node(plan.node)
+        return jax_outcome(plan, supervisor, child, _read_report(report_path), launcher.retryable_exit_codes)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wait(plan: JaxPlan, launcher: LauncherSettings, supervisor: Supervisor) -> None:
+    """Process 0: its own name resolves (its client reaches its service through it). The others:
+    the coordinator's name resolves and its port accepts. WaitTimeout (138) names what never did."""
+    import time
+
+    from launcher.core import log, netwait
+
+    def sleep(seconds: float) -> None:
+        # Process 0's port opens a second or two after its own launcher started (its jax import,
+        # its service): a short, capped backoff lets the others start within PROBE_CAP of it.
+        supervisor.sleep(min(seconds, PROBE_CAP))
+
+    deadline = time.monotonic() + launcher.rendezvous_timeout
+    if plan.resolve:
+        netwait.wait_until_resolves(plan.resolve, deadline, sleep, log.info)
+    if plan.connect:
+        netwait.wait_until_accepts(*plan.connect, deadline, sleep, log.info)
+
+
+def _coordinator_never_came(plan: JaxPlan, launcher: LauncherSettings, error: WaitTimeout) -> Outcome:
+    """138, naming the coordinator (process 0's pod) this process waited for."""
+    from launcher.core.outcome import TRANSIENT, Outcome, RootCause
+
+    host = plan.coordinator[0] if plan.coordinator else None
+    pod = host.split(".")[0] if host and not host[:1].isdigit() and not host.startswith("[") else host
+    return Outcome(TRANSIENT, "RendezvousTimeout",
+                   f"JAX process {plan.process_id} on {plan.node} waited {launcher.rendezvous_timeout:g}s for the "
+                   f"coordinator {plan.coordinator_address} (JAX process 0): {error}",
+                   RootCause(node=pod, rank=0))
+
+
+def _read_report(path: str) -> dict:
+    try:
+        with open(path) as handle:
+            report = json.load(handle)
+        return report if isinstance(report, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dict, codes: frozenset[int]) -> Outcome:
+    """How this pod's JAX process ended, as a row of the exit-code table that names the process."""
+    from launcher.core.job_outcome import stopped_by
+    from launcher.core.outcome import (
+        CONFIG_ERROR, TRANSIENT, Outcome, RootCause, classify, signal_name, success, terminated,
+    )
+
+    node, pid = plan.node, plan.process_id
+    returncode = child.returncode if child.returncode is not None else 1
+    if returncode == 0:
+        return success()
+    if supervisor.received_signal is not None and supervisor.first_failure is not child:
+        return terminated(supervisor.received_signal).on_node(node)
+    cause = RootCause(node=node, rank=pid, exit_code=returncode if returncode > 0 else None,
+                      signal=signal_name(-returncode) if returncode < 0 else None)
+    what = f"JAX process {pid} on {node}"
+    lines = [line for line in child.tail if not _STACK_FRAME.match(line)][-5:]
+    tail = {"lastLines": lines} if lines else {}
+    role = report.get("role")
+    if role == "victim" and isinstance(report.get("stoppedBy"), dict):
+        record = report["stoppedBy"]
+        root = RootCause(node=record.get("node"), rank=record.get("processId"), exit_code=record.get("exitCode"))
+        outcome = classify(int(record.get("exitCode") or 1), retryable_codes=codes, root_cause=root,
+                           what=f"JAX process {root.rank} on {root.node}")
+        outcome = stopped_by(outcome, what)
+        return outcome.with_extra(error=record["error"]) if record.get("error") else outcome
+    if role == "init":
+        return Outcome(TRANSIENT, "RendezvousFailed",
+                       f"{what} could not join the coordinator at {plan.coordinator_address}: {report.get('error')}",
+                       cause, child.evidence, tail)
+    if role == "import":
+        return Outcome(CONFIG_ERROR, "ConfigError", f"{plan.argv[0]} cannot import jax: {report.get('error')}",
+                       RootCause(node=node, rank=pid))
+    if role == "lost":
+        return Outcome(TRANSIENT, "PeerLost", f"{what} lost a peer that never said why: {report.get('error')}",
+                       cause, report.get("error"), tail)
+    text = "\n".join(child.tail)
+    if role is None and _DUPLICATE_ID.search(text):
+        return Outcome(CONFIG_ERROR, "DuplicateProcessId",
+                       f"{what} was aborted by JAX: another process registered as JAX process {pid} too, so two pods "
+                       f"share JAX_PROCESS_ID={pid}. Trainer sets it to the Job completion index, which restarts at 0 "
+                       "in every Job of a replicatedJob with replicas > 1 (multi-slice; kubeflow/trainer#3537)",
+                       cause)
+    if role is None and _SERVICE_FATAL.search(text):
+        return Outcome(TRANSIENT, "PeerLost",
+                       f"{what} was aborted by JAX: its coordination service reported another process's failure "
+                       "or loss (that process's pod names the root cause)", cause, child.evidence, tail)
+    outcome = classify(returncode, retryable_codes=codes, evidence=child.evidence, root_cause=cause, what=what)
+    if report.get("error"):
+        tail = {**tail, "error": report["error"]}
+    return outcome.with_extra(**tail)

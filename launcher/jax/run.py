@@ -1,0 +1,465 @@
+"""``python run.py [--go-fd N] [--] SCRIPT|-m MODULE|-c CODE [ARGS...]``: a JAX process under ``trainer-launcher jax``.
+
+It calls ``jax.distributed.initialize()`` from the ``JAX_*`` variables Trainer injects, then runs the
+program as ``python`` would have. Upstream scripts pass the three values by hand, since a bare
+``jax.distributed.initialize()`` outside Slurm, Open MPI or a TPU VM fails ("Number of processes
+must be defined"); here both spellings work: the program's own call, with no arguments or with the
+same values, does nothing. A call that asks for another process id or count is an error.
+
+When a process's program fails, JAX alone would keep it in its shutdown barrier (300 s by
+default) and the others in their next collective, until every process aborts with SIGABRT and
+the real exit code is lost. Through the coordination service's key-value store instead:
+
+- the failing process publishes a stop record (its process id, pod, exit code, error; the first
+  writer wins) and exits with its own code at once, without JAX's shutdown barrier;
+- every other process watches for that record and exits with the same code, handing its
+  launcher the record, so every pod names the same root cause;
+- a process that failed only because a peer vanished ("Connection reset by peer") does not claim
+  to be the root cause;
+- process 0 serves the store, so it leaves last: after the others have read the record, or
+  ``LINGER`` seconds.
+
+A successful run ends with a barrier of its own, watched the same way, before JAX's.
+
+Run by path, not as ``-m launcher.jax.run``, so any interpreter that has jax can run it: it imports
+nothing but the standard library and jax, and reads its few variables itself (the launcher has
+validated them already; run by hand, a bad value is one line and exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+
+INIT_TIMEOUT_ENV = "TRAINER_LAUNCHER_JAX_INIT_TIMEOUT"
+REPORT_ENV = "TRAINER_LAUNCHER_JAX_REPORT"
+CPU_COLLECTIVES_ENV = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
+
+PREFIX = "trainer-launcher/"
+STOP_KEY = PREFIX + "stop"
+ACK_PREFIX = PREFIX + "ack/"
+FINISHED_BARRIER = PREFIX + "finished"
+WATCH_MS = 1000  # a watcher's long poll: how soon it notices it should stop watching
+LINGER = 5.0  # process 0: how long it keeps the store up for the others to read the stop record
+PEER_WAIT = 2.0  # a process that lost a peer: how long it looks for that peer's stop record
+FINISH_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # JAX's heartbeats end a barrier that a dead peer never joins
+INIT_FAILED = 138  # the launcher's transient exit code: a coordinator that could not be joined
+ERROR_LIMIT = 1000
+# The errors of a collective whose peer went away (gloo's TCP pairs); like launcher.core.outcome's.
+PEER_LOSS = re.compile(r"[Cc]onnection (?:reset|closed) by peer|remote process exited|Socket closed")
+
+
+def _say(message: str) -> None:
+    print(f"trainer-launcher: jax: {message}", file=sys.stderr, flush=True)
+
+
+def _usage_error(message: str) -> None:
+    _say(message)
+    sys.exit(2)
+
+
+# --- what to run ----------------------------------------------------------------------------
+
+
+def parse_target(argv: list[str]) -> tuple[str, str, list[str]]:
+    """(kind, target, args): ``script``, ``module`` (-m) or ``code`` (-c)."""
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        _usage_error("nothing to run: python run.py [--] SCRIPT|-m MODULE|-c CODE [ARGS...]")
+    first = argv[0]
+    for flag, kind in (("-m", "module"), ("-c", "code")):
+        if first == flag:
+            if len(argv) < 2:
+                _usage_error(f"{flag} needs a value")
+            return kind, argv[1], argv[2:]
+        if first.startswith(flag):
+            return kind, first[2:], argv[1:]
+    return "script", first, argv[1:]
+
+
+def _fix_sys_path(kind: str, target: str) -> None:
+    """sys.path[0] as ``python`` would set it, not this file's directory (whose settings.py and
+    plan.py would shadow the program's own modules of those names)."""
+    if kind == "script":
+        first = os.path.dirname(os.path.realpath(target))
+    elif kind == "module":
+        first = os.getcwd()
+    else:
+        first = ""
+    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
+        sys.path[0] = first
+    else:
+        sys.path.insert(0, first)
+
+
+def run_program(kind: str, target: str, args: list[str]) -> tuple[int, str | None]:
+    """Run the program as ``__main__``: its exit status and, when it raised, the error in a line.
+    A failure is printed as Python prints it."""
+    import runpy
+
+    try:
+        if kind == "script":
+            sys.argv = [target, *args]
+            runpy.run_path(target, run_name="__main__")
+        elif kind == "module":
+            sys.argv = [target, *args]  # run_module puts the module's file here
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            _run_code(target, args)
+    except SystemExit as exit_:
+        return exit_status(exit_), None if exit_.code is None or isinstance(exit_.code, int) else str(exit_.code)[:ERROR_LIMIT]
+    except BaseException as error:  # noqa: BLE001 - the program's failure, reported as python would
+        frames = _program_frames(error.__traceback__)
+        sys.excepthook(type(error), error.with_traceback(frames), frames)
+        return (130 if isinstance(error, KeyboardInterrupt) else 1), describe(error)
+    return 0, None
+
+
+def _run_code(code: str, args: list[str]) -> None:
+    import types
+
+    sys.argv = ["-c", *args]
+    main = types.ModuleType("__main__")
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def _program_frames(tb):
+    """The traceback from the program's first frame: ours and runpy's say nothing to the user."""
+    import runpy
+
+    ours = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
+    while tb is not None and tb.tb_next is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not (filename.startswith("<frozen runpy") or os.path.realpath(filename) in ours):
+            break
+        tb = tb.tb_next
+    return tb
+
+
+def exit_status(exit_: SystemExit) -> int:
+    """What ``python`` exits with for this SystemExit (a message is printed, status 1)."""
+    code = exit_.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr, flush=True)
+    return 1
+
+
+def describe(error: BaseException | None) -> str | None:
+    if error is None:
+        return None
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text[:ERROR_LIMIT]
+
+
+# --- the launcher's side ----------------------------------------------------------------------
+
+
+class Config:
+    """The validated JAX_* values, read again here (see the module docstring)."""
+
+    def __init__(self, environ: dict[str, str]):
+        self.coordinator = environ.get("JAX_COORDINATOR_ADDRESS", "").strip() or None
+        self.num_processes = self._int(environ, "JAX_NUM_PROCESSES", "1", 1)
+        self.process_id = self._int(environ, "JAX_PROCESS_ID", environ.get("JOB_COMPLETION_INDEX") or "0", 0)
+        self.init_timeout = self._int(environ, INIT_TIMEOUT_ENV, "300", 1)
+        self.report_path = environ.get(REPORT_ENV) or None
+        self.node = environ.get("HOSTNAME") or socket.gethostname()
+        if self.process_id >= self.num_processes:
+            _usage_error(f"JAX_PROCESS_ID={self.process_id!r}: expected a process id from 0 to "
+                         f"{self.num_processes - 1} (JAX_NUM_PROCESSES={self.num_processes})")
+        if self.coordinator is None and self.num_processes > 1:
+            _usage_error("JAX_COORDINATOR_ADDRESS is unset: expected HOST:PORT of process 0's coordinator")
+
+    @staticmethod
+    def _int(environ: dict[str, str], name: str, default: str, low: int) -> int:
+        raw = environ.get(name, "").strip() or default
+        if not raw.isdigit() or int(raw) < low:
+            _usage_error(f"{name}={raw!r}: expected an integer of at least {low}")
+        return int(raw)
+
+
+def report(config: Config, record: dict) -> None:
+    """Tell the launcher how this process ended (complete or absent: written aside, renamed)."""
+    if config.report_path is None:
+        return
+    try:
+        with open(config.report_path + ".tmp", "w") as handle:
+            json.dump(record, handle)
+        os.replace(config.report_path + ".tmp", config.report_path)
+    except OSError:
+        pass  # the launcher judges from the exit code alone
+
+
+class Go:
+    """The launcher starts us first thing, so ``import jax`` overlaps its validation and its wait
+    for the coordinator; we go on once it says so: one JSON line on the ``--go-fd`` pipe, with
+    the variables to add. End of file without a word: the launcher will not need us (bad input,
+    a signal, a plan without us), so we leave at once and say nothing, even mid-import."""
+
+    def __init__(self, fd: int | None):
+        self.word: dict = {}
+        self._said = threading.Event()
+        if fd is None:
+            self._said.set()
+        else:
+            threading.Thread(target=self._listen, args=(fd,), name="trainer-launcher-go", daemon=True).start()
+
+    def _listen(self, fd: int) -> None:
+        data = b""
+        while not data.endswith(b"\n"):
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                os._exit(0)
+            data += chunk
+        os.close(fd)
+        self.word = json.loads(data)
+        self._said.set()
+
+    def wait(self) -> dict:
+        self._said.wait()
+        return self.word
+
+
+def split_go_fd(argv: list[str]) -> tuple[int | None, list[str]]:
+    if argv[:1] == ["--go-fd"] and len(argv) > 1 and argv[1].isdigit():
+        return int(argv[1]), argv[2:]
+    return None, argv
+
+
+def leave(code: int) -> None:
+    """Exit now with ``code``: no atexit handlers, so no JAX shutdown barrier waiting for peers
+    that will never come."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+# --- the job-wide session -----------------------------------------------------------------------
+
+
+class Session:
+    """This process's part in the JAX job: its initialization, the watcher, how it leaves."""
+
+    def __init__(self, jax, config: Config):
+        self.jax = jax
+        self.config = config
+        self.client = None
+        self._finishing = threading.Lock()  # the watcher or the main thread, whichever ends us
+        self._closing = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._finished = False
+        self._real_shutdown = jax.distributed.shutdown
+
+    def initialize(self) -> None:
+        config = self.config
+        try:
+            self.jax.distributed.initialize(coordinator_address=config.coordinator,
+                                            num_processes=config.num_processes,
+                                            process_id=config.process_id,
+                                            initialization_timeout=config.init_timeout)
+        except Exception as error:  # noqa: BLE001 - JAX raises its own runtime error types
+            text = describe(error)
+            report(config, {"role": "init", "processId": config.process_id, "error": text})
+            _say(f"process {config.process_id} could not join the coordinator at {config.coordinator}: {text}")
+            leave(INIT_FAILED)
+        try:
+            from jax._src import distributed as internals
+
+            self.client = internals.global_state.client
+        except (ImportError, AttributeError):
+            self.client = None  # another JAX layout: no stop records, the exit codes still hold
+        self._patch()
+        if self.client is not None and config.num_processes > 1:
+            self._watcher = threading.Thread(target=self._watch, name="trainer-launcher-jax", daemon=True)
+            self._watcher.start()
+
+    # --- the program's own calls ----------------------------------------------------------------
+
+    def _patch(self) -> None:
+        config, jax = self.config, self.jax
+        said = []
+
+        def initialize(coordinator_address=None, num_processes=None, process_id=None, local_device_ids=None,
+                       *args, **kwargs):
+            if num_processes not in (None, config.num_processes) or process_id not in (None, config.process_id):
+                raise RuntimeError(
+                    f"jax.distributed.initialize(num_processes={num_processes!r}, process_id={process_id!r}): "
+                    f"trainer-launcher already initialized this process as process {config.process_id} of "
+                    f"{config.num_processes} (JAX_PROCESS_ID, JAX_NUM_PROCESSES); run with "
+                    "LAUNCHER_JAX_INITIALIZE=0 to initialize it yourself")
+            ignored = []
+            if coordinator_address not in (None, config.coordinator):
+                ignored.append(f"coordinator_address={coordinator_address!r}")
+            if local_device_ids is not None:
+                ignored.append(f"local_device_ids={local_device_ids!r}")
+            if ignored and not said:
+                said.append(True)
+                _say(f"jax.distributed.initialize() ignored {', '.join(ignored)}: trainer-launcher initialized "
+                     f"this process already, with coordinator {config.coordinator}")
+
+        def shutdown():
+            self.finish()
+            self._real_shutdown()
+
+        jax.distributed.initialize = initialize
+        jax.distributed.shutdown = shutdown
+
+    # --- watching for a peer's failure ------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._closing.is_set():
+            try:
+                value = self.client.blocking_key_value_get(STOP_KEY, WATCH_MS)
+            except Exception as error:  # noqa: BLE001 - a timeout, or a store that is gone
+                if "DEADLINE_EXCEEDED" not in str(error):
+                    self._closing.wait(WATCH_MS / 1000)  # JAX's own error polling ends us if it is gone
+                continue
+            record = json.loads(value)
+            if record.get("done") or not self._finishing.acquire(blocking=False):
+                return
+            self._stop(record)
+
+    def _stop(self, record: dict) -> None:
+        """A peer failed first: hand its record to the launcher and exit with its code."""
+        config = self.config
+        report(config, {"role": "victim", "processId": config.process_id, "stoppedBy": record})
+        _say(f"process {config.process_id} stops: process {record.get('processId')} on {record.get('node')} "
+             f"failed first (exit code {record.get('exitCode')})")
+        self._leave_store()
+        leave(int(record.get("exitCode") or 1))
+
+    def _leave_store(self) -> None:
+        """Say we read the stop record; process 0 keeps the store up until everyone has."""
+        config = self.config
+        try:
+            self.client.key_value_set(ACK_PREFIX + str(config.process_id), "1", allow_overwrite=True)
+        except Exception:  # noqa: BLE001 - the store is gone: nobody left to read it
+            return
+        if config.process_id != 0:
+            return
+        deadline = time.monotonic() + LINGER
+        while time.monotonic() < deadline:
+            try:
+                if len(self.client.key_value_dir_get(ACK_PREFIX)) >= config.num_processes:
+                    return
+            except Exception:  # noqa: BLE001
+                return
+            time.sleep(0.02)
+
+    def _try_get(self, key: str) -> str | None:
+        try:
+            return self.client.key_value_try_get(key)
+        except Exception:  # noqa: BLE001 - not there (NOT_FOUND), or no store
+            return None
+
+    # --- how the program ended ------------------------------------------------------------------
+
+    def failed(self, code: int, error: str | None) -> None:
+        """The program failed: publish or adopt the stop record, tell the launcher, exit. Never returns."""
+        config = self.config
+        if not self._finishing.acquire(blocking=False):
+            threading.Event().wait()  # the watcher is ending the process for a peer's failure
+        mine = {"processId": config.process_id, "node": config.node, "exitCode": code, "error": error}
+        if self.client is None or config.num_processes == 1:
+            report(config, {"role": "root", **mine})
+            leave(code)
+        existing = self._try_get(STOP_KEY)
+        if existing is None and error and PEER_LOSS.search(error):
+            try:
+                existing = self.client.blocking_key_value_get(STOP_KEY, int(PEER_WAIT * 1000))
+            except Exception:  # noqa: BLE001 - nobody published: a peer vanished without a word
+                report(config, {"role": "lost", **mine})
+                leave(code)
+        if existing is None:
+            try:
+                self.client.key_value_set(STOP_KEY, json.dumps(mine), allow_overwrite=False)
+            except Exception:  # noqa: BLE001 - another process published first
+                existing = self._try_get(STOP_KEY)
+        if existing is not None and not json.loads(existing).get("done"):
+            self._stop(json.loads(existing))
+        report(config, {"role": "root", **mine})
+        self._leave_store()
+        leave(code)
+
+    def finish(self) -> None:
+        """The program succeeded: meet the others (a peer failing meanwhile ends us through the
+        watcher), wake every watcher, stop ours; JAX's shutdown then finds everyone there."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._watcher is None:
+            return
+        try:
+            self.client.wait_at_barrier(FINISHED_BARRIER, FINISH_TIMEOUT_MS)
+        except Exception as error:  # noqa: BLE001 - a peer failed or vanished
+            time.sleep(PEER_WAIT)  # its stop record, if any, reaches the watcher meanwhile
+            self.failed(1, f"the job's final barrier failed: {describe(error)}")
+        try:
+            self.client.key_value_set(STOP_KEY, json.dumps({"done": True}), allow_overwrite=False)
+        except Exception:  # noqa: BLE001 - another process woke them first
+            pass
+        self._closing.set()
+        self._watcher.join()
+
+
+def main(argv: list[str] | None = None) -> None:
+    go_fd, argv = split_go_fd(sys.argv[1:] if argv is None else argv)
+    go = Go(go_fd)
+    kind, target, args = parse_target(argv)
+    _fix_sys_path(kind, target)
+    try:
+        import jax
+    except Exception as error:  # noqa: BLE001 - ImportError, or a broken install: said after go
+        jax, import_error = None, describe(error)
+    else:
+        import_error = None
+    os.environ.update(go.wait().get("env", {}))
+    config = Config(dict(os.environ))
+    for name in (REPORT_ENV, INIT_TIMEOUT_ENV):
+        os.environ.pop(name, None)  # ours, not the program's
+    if import_error is not None:
+        report(config, {"role": "import", "processId": config.process_id, "error": import_error})
+        _usage_error(f"{sys.executable} cannot import jax: {import_error}")
+    if os.environ.get(CPU_COLLECTIVES_ENV):
+        try:  # jax read its variables at import, before the launcher's word came
+            jax.config.update("jax_cpu_collectives_implementation", os.environ[CPU_COLLECTIVES_ENV])
+        except Exception:  # noqa: BLE001 - a JAX without the option, or a value it refuses: its own error later
+            pass
+    session = None
+    if config.coordinator is not None:
+        session = Session(jax, config)
+        session.initialize()
+    code, error = run_program(kind, target, args)
+    if session is not None:
+        if code == 0:
+            session.finish()
+        elif code == 130:
+            leave(code)  # interrupted: told to stop, not a failure to publish
+        else:
+            session.failed(code, error)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

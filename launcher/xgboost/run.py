@@ -1,0 +1,399 @@
+"""``python run.py [--go-fd FD] [--joined-fd FD] [--report PATH] [--] SCRIPT|-m MODULE|-c CODE [ARGS...]``:
+one XGBoost worker under ``trainer-launcher xgboost``.
+
+It joins the job's collective from the ``DMLC_*`` variables, then runs the program as ``python``
+would have, inside that collective, so a program that never mentions the collective trains
+distributed (``xgboost.train`` and ``QuantileDMatrix`` just work). In detail:
+
+- ``xgboost.collective.CommunicatorContext(dmlc_tracker_uri=DMLC_TRACKER_URI,
+  dmlc_tracker_port=DMLC_TRACKER_PORT, dmlc_task_id=DMLC_TASK_ID)`` is entered before the program
+  and left after it. The task id is zero-padded to the width of the largest one: the tracker
+  sorts task ids as strings, and padded, rank == task id even beyond 10 workers.
+- While the program runs, its own set-up joins that collective instead of building a second one
+  (xgboost 3 cannot nest them): ``CommunicatorContext(...)`` and ``collective.init(...)`` with no
+  arguments or with the same tracker and task id do nothing, ``collective.finalize()`` does nothing
+  (the runner finalizes), and a ``RabitTracker`` on ``DMLC_TRACKER_PORT`` stands for the tracker the
+  launcher already runs on pod 0 (``start`` and ``wait_for`` do nothing). So upstream's example
+  runs unchanged. Asking for another tracker or task id is an error; ``dmlc_retry`` and
+  ``dmlc_timeout`` are reported as not applied.
+- The launcher's go word (on the pipe ``--go-fd``) comes once the tracker listens; the import of
+  xgboost happens before it. A runner the launcher started before planning gets its DMLC_* values
+  in that word. A pipe closed without the word (the launcher stopped first, or planned otherwise)
+  ends the runner at once, silently, exit 0.
+- Joined, it writes its task id to the pipe ``--joined-fd``, so the launcher can time out a job
+  whose workers never all arrive.
+- A failing program exits with its own status at once, without the collective's shutdown, after
+  writing a JSON report (its task id, exit code, error in a line, and whether that error is a lost
+  peer) to the file ``--report``: the launcher names the worker from it.
+
+Run by path, not as ``-m launcher.xgboost.run``, so any interpreter that has xgboost can run it:
+it imports nothing but the standard library and xgboost, and reads its few variables itself (the
+launcher has validated them already; run by hand, a bad value is one line and exit 2).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import sys
+
+# The launcher's options, before the program: pipes it passes, where to report.
+OPTIONS = ("--go-fd", "--joined-fd", "--report")
+GO_WORD = b"go\n"
+JOIN_FAILED = 138  # the launcher's transient exit code: a tracker that could not be joined
+ERROR_LIMIT = 1000
+# What xgboost's collective says when the other end of a connection went away: a worker that died
+# (or was torn down) elsewhere, or the tracker.
+PEER_LOSS = re.compile(
+    r"The other end is likely closed|[Cc]onnection (?:reset|closed) by peer|Ring (?:Allreduce|scatter reduce|"
+    r"allgather) failed|Failed to connect to the tracker|Broken pipe|Socket closed")
+# "- [allreduce.cc:135|14:36:09]: Ring Allreduce failed.": one cause of an XGBoostError.
+_XGBOOST_CAUSE = re.compile(r"^\s*-\s*\[[^\]]*\]:\s*(.*?)\s*$")
+_TIME_STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\]\s*")
+
+
+def _say(message: str) -> None:
+    print(f"trainer-launcher: xgboost: {message}", file=sys.stderr, flush=True)
+
+
+def _usage_error(message: str) -> None:
+    _say(message)
+    sys.exit(2)
+
+
+def error_line(error: BaseException) -> str:
+    """An XGBoostError in one line: its ``- [file:line|time]: what`` causes, innermost last,
+    without source paths, time stamps and the native stack trace."""
+    lines = str(error).splitlines()
+    causes = [match[1] for line in lines if (match := _XGBOOST_CAUSE.match(line)) and match[1]]
+    if not causes:
+        first = next((line.strip() for line in lines if line.strip()), type(error).__name__)
+        causes = [_TIME_STAMP.sub("", first)]
+    return "; ".join(causes)[:ERROR_LIMIT]
+
+
+# --- what to run ----------------------------------------------------------------------------
+
+
+def parse_options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The launcher's leading ``--go-fd N --joined-fd N --report PATH``, and the rest."""
+    options: dict[str, str] = {}
+    while len(argv) >= 2 and argv[0] in OPTIONS:
+        options[argv[0]], argv = argv[1], argv[2:]
+    return options, argv
+
+
+def parse_target(argv: list[str]) -> tuple[str, str, list[str]]:
+    """(kind, target, args): ``script``, ``module`` (-m) or ``code`` (-c)."""
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        _usage_error("nothing to run: python run.py [--] SCRIPT|-m MODULE|-c CODE [ARGS...]")
+    first = argv[0]
+    for flag, kind in (("-m", "module"), ("-c", "code")):
+        if first == flag:
+            if len(argv) < 2:
+                _usage_error(f"{flag} needs a value")
+            return kind, argv[1], argv[2:]
+        if first.startswith(flag):
+            return kind, first[2:], argv[1:]
+    return "script", first, argv[1:]
+
+
+def _fix_sys_path(kind: str, target: str) -> None:
+    """sys.path[0] as ``python`` would set it, not this file's directory (whose settings.py and
+    plan.py would shadow the program's own modules of those names)."""
+    first = {"script": os.path.dirname(os.path.realpath(target)), "module": os.getcwd()}.get(kind, "")
+    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
+        sys.path[0] = first
+    else:
+        sys.path.insert(0, first)
+
+
+# --- the job's collective ---------------------------------------------------------------------
+
+
+class WorkerEnv:
+    """The DMLC_* values this worker joins with (validated by the launcher; by hand, here)."""
+
+    def __init__(self, environ: dict[str, str]):
+        self.tracker_uri = environ.get("DMLC_TRACKER_URI") or "127.0.0.1"
+        self.tracker_port = self._int(environ, "DMLC_TRACKER_PORT", 1, 65535, "a port from 1 to 65535")
+        self.num_worker = self._int(environ, "DMLC_NUM_WORKER", 1, None, "a worker count, 1 or more")
+        self.task_id = self._int(environ, "DMLC_TASK_ID", 0, self.num_worker - 1,
+                                 f"a task id from 0 to {self.num_worker - 1} (DMLC_NUM_WORKER={self.num_worker})")
+
+    @staticmethod
+    def _int(environ: dict[str, str], name: str, low: int, high: int | None, expected: str) -> int:
+        raw = environ.get(name)
+        if raw is None or raw == "":
+            _usage_error(f"{name} is unset: expected {expected}")
+        text = raw.strip()
+        if not text.isdigit() or int(text) < low or (high is not None and int(text) > high):
+            _usage_error(f"{name}={raw!r}: expected {expected}")
+        return int(text)
+
+    @property
+    def padded_task_id(self) -> str:
+        return str(self.task_id).zfill(len(str(self.num_worker - 1)))
+
+    def args(self) -> dict:
+        return {"dmlc_tracker_uri": self.tracker_uri, "dmlc_tracker_port": self.tracker_port,
+                "dmlc_task_id": self.padded_task_id}
+
+
+def _same(key: str, given, ours) -> bool:
+    if key == "dmlc_tracker_uri":
+        return str(given).strip() == str(ours)
+    text = str(given).strip()
+    return text.isdigit() and int(text) == int(ours)
+
+
+class JoinedCollective:
+    """While the program runs: its own collective set-up joins the runner's (see the module doc)."""
+
+    _CHECKED = ("dmlc_tracker_uri", "dmlc_tracker_port", "dmlc_task_id")
+    _NOT_APPLIED = ("dmlc_retry", "dmlc_timeout")
+
+    def __init__(self, worker: WorkerEnv, collective, tracker_module, package):
+        self.worker, self.collective, self.tracker_module, self.package = worker, collective, tracker_module, package
+        self.real_init, self.real_finalize = collective.init, collective.finalize
+        self.real_tracker = tracker_module.RabitTracker
+        self.warned: set[str] = set()
+
+    def install(self) -> None:
+        self.collective.init = self.init
+        self.collective.finalize = self.finalize
+        stand_in = _job_tracker(self.real_tracker, self.worker)
+        self.tracker_module.RabitTracker = stand_in
+        self.package.RabitTracker = stand_in
+
+    def uninstall(self) -> None:
+        self.collective.init, self.collective.finalize = self.real_init, self.real_finalize
+        self.tracker_module.RabitTracker = self.package.RabitTracker = self.real_tracker
+
+    def init(self, **args) -> None:
+        ours = self.worker.args()
+        conflicts = [f"{key}={args[key]!r}" for key in self._CHECKED
+                     if args.get(key) is not None and not _same(key, args[key], ours[key])]
+        if args.get("dmlc_communicator") not in (None, "rabit"):
+            conflicts.append(f"dmlc_communicator={args['dmlc_communicator']!r}")
+        if conflicts:
+            raise ValueError(
+                f"trainer-launcher joined this worker to the tracker {self.worker.tracker_uri}:"
+                f"{self.worker.tracker_port} as task {self.worker.task_id} before the program started; "
+                f"the program asks for {', '.join(conflicts)}. Pass the DMLC_* values (or nothing), or set "
+                "LAUNCHER_XGBOOST_TRACKER=program to run the collective yourself")
+        for key in self._NOT_APPLIED:
+            if args.get(key) is not None and key not in self.warned:
+                self.warned.add(key)
+                _say(f"{key}={args[key]!r} is not applied: the worker joined the collective before the "
+                     "program (LAUNCHER_XGBOOST_TRACKER=program runs the collective yourself)")
+
+    def finalize(self) -> None:
+        """The runner finalizes once the program is done."""
+
+
+def _job_tracker(real, worker: WorkerEnv):
+    signature = inspect.signature(real.__init__)
+
+    class JobTracker(real):
+        """The program's RabitTracker: on DMLC_TRACKER_PORT, the launcher's tracker on pod 0;
+        on any other port, a tracker of the program's own."""
+
+        def __init__(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            port = bound.arguments.get("port") or 0
+            self._launchers = str(port).strip().isdigit() and int(port) == worker.tracker_port
+            if not self._launchers:
+                super().__init__(*args, **kwargs)
+                return
+            n_workers = bound.arguments.get("n_workers")
+            if not str(n_workers).strip().isdigit() or int(n_workers) != worker.num_worker:
+                raise ValueError(f"RabitTracker(n_workers={n_workers!r}) on port {port}: the launcher's tracker "
+                                 f"there expects DMLC_NUM_WORKER={worker.num_worker} workers")
+
+        def start(self) -> None:
+            if not self._launchers:
+                super().start()
+
+        def wait_for(self, timeout=None) -> None:
+            if not self._launchers:
+                super().wait_for(timeout)
+
+        def worker_args(self) -> dict:
+            return worker.args() if self._launchers else super().worker_args()
+
+        def free(self) -> None:
+            if not getattr(self, "_launchers", False):
+                super().free()
+
+    JobTracker.__name__ = JobTracker.__qualname__ = real.__name__
+    JobTracker.__module__ = real.__module__
+    return JobTracker
+
+
+# --- the launcher's pipes -----------------------------------------------------------------------
+
+
+def _fd(options: dict[str, str], name: str) -> int | None:
+    value = options.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    received = b""
+    while len(received) < size:
+        chunk = os.read(fd, size - len(received))
+        if not chunk:
+            os._exit(0)  # the launcher stopped first: nothing to say, nothing to run
+        received += chunk
+    return received
+
+
+def wait_for_go(fd: int | None) -> dict[str, str]:
+    """Block until the launcher's go word; return the variables it adds. The word is ``go`` on a
+    pipe the pod's workers share (each reads exactly its three bytes), or one JSON line
+    ``{"env": {...}}`` on a runner's own pipe: a runner started before the launcher had planned
+    learns its task id so. A pipe closed without a word ends the runner at once, exit 0."""
+    if fd is None:
+        return {}
+    word = _read_exactly(fd, len(GO_WORD))
+    if word != GO_WORD:
+        while not word.endswith(b"\n"):
+            word += _read_exactly(fd, 1)
+    os.close(fd)
+    return {} if word == GO_WORD else dict(json.loads(word)["env"])
+
+
+def tell_joined(fd: int | None, task_id: int) -> None:
+    if fd is None:
+        return
+    try:
+        os.write(fd, f"{task_id}\n".encode())
+    except OSError:
+        pass  # the launcher is gone; its children die with it
+    os.close(fd)
+
+
+def report(path: str | None, status: int, error: str | None, peer_lost: bool, task_id: int) -> None:
+    if not path:
+        return
+    try:
+        with open(f"{path}.tmp", "w") as handle:
+            json.dump({"taskId": task_id, "exitCode": status, "error": error, "peerLost": peer_lost}, handle)
+        os.replace(f"{path}.tmp", path)
+    except OSError:
+        pass  # the launcher judges from the exit code alone
+
+
+# --- running the program ----------------------------------------------------------------------
+
+
+def exit_status(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def _program_frames(tb):
+    """The traceback from the program's first frame on: the runner's and runpy's are noise."""
+    here = os.path.realpath(__file__)
+    while tb is not None and (os.path.realpath(tb.tb_frame.f_code.co_filename) == here
+                              or tb.tb_frame.f_globals.get("__name__") == "runpy"
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    return tb
+
+
+def run_program(kind: str, target: str, args: list[str]) -> tuple[int, BaseException | None]:
+    """Run the program as ``__main__``: its exit status, and what it raised (printed as Python does)."""
+    import runpy
+
+    try:
+        sys.argv = [target if kind != "code" else "-c", *args]
+        if kind == "script":
+            runpy.run_path(target, run_name="__main__")
+        elif kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit as exit_:
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            print(exit_.code, file=sys.stderr, flush=True)  # what python prints for sys.exit("message")
+            return 1, exit_
+        return exit_status(exit_), None
+    except BaseException as error:  # noqa: BLE001 - the program's failure, printed as python would
+        # The hook prints the exception's own traceback: trim that one.
+        error.__traceback__ = _program_frames(error.__traceback__)
+        sys.excepthook(type(error), error, error.__traceback__)
+        return (130 if isinstance(error, KeyboardInterrupt) else 1), error
+    return 0, None
+
+
+def describe(error: BaseException | None) -> str | None:
+    if error is None:
+        return None
+    if isinstance(error, SystemExit):
+        return str(error.code)[:ERROR_LIMIT]
+    if type(error).__name__ == "XGBoostError":
+        return f"XGBoostError: {error_line(error)}"
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text[:ERROR_LIMIT]
+
+
+def _exit_now(status: int) -> None:
+    """Leave without the collective's shutdown (it would wait on peers) and without the native
+    destructors' warnings."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+def main(argv: list[str] | None = None) -> None:
+    options, rest = parse_options(sys.argv[1:] if argv is None else argv)
+    kind, target, args = parse_target(rest)
+    go_fd, joined_fd, report_path = _fd(options, "--go-fd"), _fd(options, "--joined-fd"), options.get("--report")
+    if go_fd is None:  # by hand: refuse bad variables before the slow import
+        WorkerEnv(dict(os.environ))
+    _fix_sys_path(kind, target)
+
+    import xgboost
+    from xgboost import collective, tracker
+
+    os.environ.update(wait_for_go(go_fd))
+    worker = WorkerEnv(dict(os.environ))
+    try:
+        collective.CommunicatorContext(**worker.args()).__enter__()
+    except Exception as error:  # noqa: BLE001 - XGBoostError, or a refused address
+        _say(f"task {worker.task_id} could not join the tracker at {worker.tracker_uri}:{worker.tracker_port}: "
+             f"{error_line(error)}")
+        report(report_path, JOIN_FAILED, f"could not join the tracker: {error_line(error)}", True, worker.task_id)
+        _exit_now(JOIN_FAILED)
+    tell_joined(joined_fd, worker.task_id)
+    joined = JoinedCollective(worker, collective, tracker, xgboost)
+    joined.install()
+    status, error = run_program(kind, target, args)
+    joined.uninstall()
+    if status != 0:
+        text = describe(error)
+        peer_lost = error is not None and bool(PEER_LOSS.search(str(error)))
+        report(report_path, status, text, peer_lost, worker.task_id)
+        _exit_now(status)
+    try:
+        collective.finalize()
+    except Exception as error:  # noqa: BLE001 - the program's work is done; say it and succeed
+        _say(f"task {worker.task_id}: the collective's shutdown failed after the program succeeded: "
+             f"{error_line(error)}")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
