@@ -165,11 +165,15 @@ def test_a_tracker_that_never_comes_up_ends_the_pod_with_138_naming_it(tmp_path,
     port = free_port()  # nothing listens there: pod 0 never started
     job = Job(launcher("xgboost", "--rendezvous-timeout", "2", "--", "python", TRAIN), pod_env(out, 1, 2, port),
               tmp_path)
+    started: list[psutil.Process] = []
+    # The worker starts before validation, so it is there for the whole 2 s wait.
+    wait_for(lambda: started.extend(psutil.Process(job.pid).children(recursive=True)) or started,
+             timeout=60, what="the pod's early-started worker")
     assert job.wait(120) == 138, job.stderr
     message = job.termination()
     assert (message["reason"], message["retryable"]) == ("RendezvousTimeout", True)
     assert "XGBoost tracker" in message["message"] and f"127.0.0.1:{port}" in message["message"]
-    assert not psutil.Process().children(recursive=True)  # its early-started worker went with it
+    assert not [p.pid for p in started if alive(p.pid)]  # its early-started worker went with it
 
 
 def test_workers_that_never_all_join_end_the_tracker_pod_with_138(tmp_path, out):
