@@ -134,3 +134,5 @@ def with_private_names(tmp_path: Path, argv: list[str]) -> tuple[list[str], Path
 from image_fixtures import engine, mpi_image, net, torch_image  # noqa: E402,F401
 # Real S3 (moto server), Hub and fault-proxy servers, as fixtures.
 from storage_servers import fault_proxy, hub_server, s3_server, s3_server_auth  # noqa: E402,F401
+# The Trainer status server stand-in (tests/status_server.py), as a fixture.
+from status_fixtures import status_certs, status_server  # noqa: E402,F401

@@ -549,3 +549,44 @@ def test_the_plan_is_json(make_plan, env):
     assert data["argv"] == list(plan.argv)
     assert data["env"] == {"set": plan.env_set, "unset": list(plan.env_unset)}
     assert data["nprocPerNode"] == plan.nproc_per_node
+
+
+# --- the NCCL flight recorder ------------------------------------------------------------------
+
+
+def test_the_flight_recorder_is_on_by_default_under_both_names_with_a_per_job_dump_path(make_plan, monkeypatch):
+    for name in [n for n in os.environ if n.startswith(("TORCH_FR_", "TORCH_NCCL_"))]:
+        monkeypatch.delenv(name)
+    for name, value in trainer_env(2, 1).items():
+        monkeypatch.setenv(name, value)
+    run = split_torchrun_args(["train.py"])
+    torch = settings.load(TorchSettings, run.overrides)
+    sources = {name: source for name in TorchSettings.model_fields
+               if (source := settings.source_of(TorchSettings, name, run.overrides))}
+    plan = plan_torch(torch, host(), run, sources, user_env=dict(os.environ))
+
+    env = plan.to_json()["env"]["set"]
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    # The TrainJob's own directory (its name comes from Trainer's master address), one file per rank.
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/tmp/trainer-launcher-fr/tj/rank_"
+    # Only the current names: torch warns from every rank about the old ones.
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env
+
+
+def test_flight_recorder_settings_the_user_made_win_under_either_name(make_plan):
+    base = make_plan({})  # loads settings the same way; reuse its inputs for a plan per user env
+    run = split_torchrun_args(["train.py"])
+    torch = settings.load(TorchSettings, run.overrides)
+    user = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/data/fr_"}
+    plan = plan_torch(torch, host(), run, {}, user_env=user)
+
+    env = plan.env_set
+    # Set under the old names: the plan sets neither name of those two settings, so torch reads the user's.
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
+                 "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        assert name not in env
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"  # the one they left alone keeps the default
+    assert plan_torch(torch, host(), run, {}, user_env={"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}).env_set.get(
+        "TORCH_NCCL_DUMP_ON_TIMEOUT") is None
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in base.env_set  # no environment given: nothing planned

@@ -35,20 +35,42 @@ def supervise(
     command: list[str],
     env: dict[str, str] | None = None,
     find_root_cause: RootCauseFinder | None = None,
+    reports_status: bool | None = None,
 ) -> Outcome:
     """Run ``command`` under the supervisor and classify how it ended. ``find_root_cause`` may
-    refine the root cause from the command's output (mpirun names the rank that failed)."""
+    refine the root cause from the command's output (mpirun names the rank that failed).
+    ``reports_status``: watch the job's progress (launcher.status.monitor), and send the TrainJob's
+    status when True; None: a daemon (sshd), nothing to watch. The ranks may run in other pods
+    (mpirun's), so their status URL is left alone."""
     host = settings.load(HostEnv)
     node = host.hostname or socket.gethostname()
     handoff_dir = tempfile.mkdtemp(prefix="trainer-launcher-exec-")
     handoff = os.path.join(handoff_dir, "outcome.json")
+    monitor = None
     try:
         with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
-            child = supervisor.spawn(command[0], command, {**(env or settings.environ()), settings.HANDOFF: handoff})
-            supervisor.run()
+            env = {**(env or settings.environ()), settings.HANDOFF: handoff}
+            if reports_status is not None:
+                from launcher.status.monitor import start as start_monitor
+
+                monitor = start_monitor(launcher, supervisor, node=node, sends=reports_status, relays=False)
+                if monitor is not None:
+                    # Its variables first in order (MPICH's mpiexec may drop the last one), and
+                    # theirs in value.
+                    watched = monitor.rank_env()
+                    env = {**watched, **env}
+                    env.update(watched)
+            try:
+                child = supervisor.spawn(command[0], command, env)
+                supervisor.run()
+            finally:
+                if monitor is not None:
+                    monitor.done()
         inner = handed_off(handoff, code_for(child.returncode))
     finally:
         shutil.rmtree(handoff_dir, ignore_errors=True)
+    if monitor is not None and monitor.hang is not None:
+        return monitor.hang
     if inner is not None:
         return inner
     if supervisor.received_signal is not None and supervisor.first_failure is None:

@@ -38,8 +38,11 @@ def root_cause(nodes: list[NodeOutcome]) -> NodeOutcome | None:
 
 def stopped_by(root: Outcome, node: str) -> Outcome:
     """What a node that stopped because of ``root`` says: the root's exit code, cause and
-    evidence, so every pod of the job reports the same failure."""
-    return replace(root, reason=PEER_FAILED, message=f"{root.message}; {node} stopped its ranks because of it")
+    evidence, so every pod of the job reports the same failure; ``causeReason`` keeps the root's
+    own reason (the TrainJob's status shows that one)."""
+    cause = root.extra.get("causeReason", root.reason) if root.reason == PEER_FAILED else root.reason
+    return replace(root, reason=PEER_FAILED, message=f"{root.message}; {node} stopped its ranks because of it",
+                   extra={**root.extra, "causeReason": cause})
 
 
 def job_outcome(own: Outcome, node_rank: int, node: str, nodes: list[NodeOutcome]) -> Outcome:

@@ -43,6 +43,25 @@ KNOBS: dict[str, Knob] = {
         "LAUNCHER_KEEP_NPROC", "--keep-nproc",
         "1: run PET_NPROC_PER_NODE processes even when fewer accelerators are visible; "
         "default 0: one process per visible accelerator"),
+    "hang_timeout": Knob(
+        "LAUNCHER_HANG_TIMEOUT", "--hang-timeout",
+        "end the job as a retryable Hang (138), with every rank's Python stack, when no progress "
+        "is seen for this long after the first progress; default 0: off"),
+    "hang_startup": Knob(
+        "LAUNCHER_HANG_STARTUP", "--hang-startup",
+        "with --hang-timeout: how long the job may run before its first progress; default 0: no limit"),
+    "progress_regex": Knob(
+        "LAUNCHER_PROGRESS_REGEX", "--progress-regex",
+        "a regex for your program's progress lines: named groups step and total, any other named "
+        "group is a metric"),
+    "progress_file": Knob(
+        "LAUNCHER_PROGRESS_FILE", "--progress-file",
+        "a JSON-lines file your program appends progress to ({\"step\": 10, \"total\": 100, \"loss\": 0.3}); "
+        "default: a file the launcher names in the ranks' LAUNCHER_PROGRESS_FILE"),
+    "status_report": Knob(
+        "LAUNCHER_STATUS_REPORT", "--status-report",
+        "auto: report progress, metrics and the outcome to Trainer's status server when "
+        "KUBEFLOW_TRAINER_SERVER_URL is set; off: leave it to the program"),
 }
 
 

@@ -48,6 +48,11 @@ def print_plan(launcher_overrides: dict, build: Callable[[LauncherSettings], dic
     return 0
 
 
+# Called with every outcome delivered, redacted, before the termination message is written: the
+# status reporter (launcher.status.monitor) sends it to the TrainJob as its final status.
+delivery_hooks: list[Callable[[Outcome, frozenset[int]], None]] = []
+
+
 def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: frozenset[int] | None) -> int:
     """Log ``outcome``, write its termination message, return its exit code. ``retryable_codes``
     is the launcher's retryable set; None where the launcher's settings could not be loaded (the
@@ -70,6 +75,8 @@ def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: froz
                   exitCode=outcome.exit_code, reason=outcome.reason, retryable=retryable)
         if outcome.evidence:
             log.error(f"evidence: {outcome.evidence}")
+    for hook in delivery_hooks:
+        hook(outcome, codes)
     write_termination_log(outcome, termination_log, codes)
     _hand_off(outcome, codes)
     return outcome.exit_code

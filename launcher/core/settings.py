@@ -214,6 +214,11 @@ class LauncherSettings(Settings):
     retryable_pattern: Annotated[str | None, NoDecode, parsed(parse_regex)] = _knob("retryable_pattern", None)
     log_format: Annotated[str, NoDecode, parsed(parse_choice("text", "json"))] = _knob("log_format", "text")
     keep_nproc: Annotated[bool, NoDecode, parsed(parse_bool)] = _knob("keep_nproc", False)
+    hang_timeout: Annotated[float, NoDecode, parsed(parse_duration)] = _knob("hang_timeout", 0.0)
+    hang_startup: Annotated[float, NoDecode, parsed(parse_duration)] = _knob("hang_startup", 0.0)
+    progress_regex: Annotated[str | None, NoDecode, parsed(parse_regex)] = _knob("progress_regex", None)
+    progress_file: Annotated[str | None, NoDecode, parsed(parse_output_path)] = _knob("progress_file", None)
+    status_report: Annotated[str, NoDecode, parsed(parse_choice("auto", "off"))] = _knob("status_report", "auto")
 
 
 class HostEnv(Settings):

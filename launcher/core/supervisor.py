@@ -69,15 +69,27 @@ class _Stream:
     """One output pipe of a child, relayed to our stdout or stderr line by line when a
     transform (e.g. a prefix) is set, else byte for byte."""
 
-    def __init__(self, pipe, child: Child, target: int, transform, scan):
+    def __init__(self, pipe, child: Child, target: int, transform, scan, redrawn):
         self.pipe, self.fd = pipe, pipe.fileno()
         self.child, self.target, self.transform, self.scan = child, target, transform, scan
+        self.redrawn = redrawn
         self.partial = b""
+
+    def redraw(self, segment: bytes) -> None:
+        self.redrawn(self.child, segment.decode("utf-8", "replace").replace("\x00", ""))
 
     def feed(self, data: bytes, write) -> None:
         if self.transform is None:
             write(self.target, data)
         *lines, self.partial = (self.partial + data).split(b"\n")
+        body = self.partial.rstrip(b"\r")  # a trailing \r may be half of a \r\n
+        if b"\r" in body:
+            # A progress bar redraws its line with \r and ends it only when done: each redraw is
+            # news for the line observers, and only the latest is the line.
+            *redraws, latest = body.split(b"\r")
+            self.partial = latest + self.partial[len(body):]
+            if redraws[-1]:
+                self.redraw(redraws[-1])
         if len(self.partial) > LINE_LIMIT:
             lines.append(self.partial)
             self.partial = b""
@@ -120,6 +132,9 @@ class Supervisor:
         self._saved: dict[int, object] = {}
         self._psutil = None
         self._saved_wakeup = -1
+        # Watchers of the job (launcher.status.monitor): each output line, and each turn of the loop.
+        self.line_observers: list[Callable[[Child, str], None]] = []
+        self.tickers: list[Callable[[], None]] = []
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -184,7 +199,7 @@ class Supervisor:
         self._by_pid[popen.pid] = child
         for pipe, target in ((popen.stdout, 1), (popen.stderr, 2)):
             os.set_blocking(pipe.fileno(), False)
-            stream = _Stream(pipe, child, target, transform, self._scan)
+            stream = _Stream(pipe, child, target, transform, self._scan, self._observe)
             self._streams[stream.fd] = stream
             self._selector.register(stream.fd, selectors.EVENT_READ, stream)
         return child
@@ -238,6 +253,8 @@ class Supervisor:
             elif self._streams.get(key.fd) is key.data:  # not closed by an earlier event of this batch
                 self._read(key.data)
         self._reap()
+        for tick in self.tickers:
+            tick()
         if self.teardown_started is not None and not self._killed:
             if time.monotonic() >= self.teardown_started + self.grace_period:
                 self.kill_all()
@@ -343,6 +360,11 @@ class Supervisor:
         child.tail.append(text[:500])
         if child.evidence is None and self.evidence is not None and self.evidence.search(text):
             child.evidence = text.strip()[:500]
+        self._observe(child, text)
+
+    def _observe(self, child: Child, text: str) -> None:
+        for observe in self.line_observers:
+            observe(child, text)
 
     def _read(self, stream: _Stream) -> bool:
         """Relay what one pipe holds; False once it is empty for now or closed."""

@@ -149,8 +149,13 @@ def supervise(plan: JaxPlan, launcher: LauncherSettings, supervisor: Supervisor,
 
     supervisor.grace_period = launcher.grace_period
     supervisor.evidence = evidence_regex(launcher.retryable_pattern)
+    from launcher.status.monitor import start as start_monitor
+
     workdir = tempfile.mkdtemp(prefix="trainer-launcher-jax-")
     report_path = os.path.join(workdir, "report.json")
+    # Progress, the TrainJob's status (process 0 sends) and hangs.
+    monitor = start_monitor(launcher, supervisor, node=plan.node, sends=plan.process_id == 0)
+    watched = monitor.rank_env() if monitor is not None else {}
     try:
         child = runner
         try:
@@ -164,15 +169,18 @@ def supervise(plan: JaxPlan, launcher: LauncherSettings, supervisor: Supervisor,
             return _coordinator_never_came(plan, launcher, error)
         if supervisor.received_signal is None and not supervisor.exits:
             if child is None:
-                child = supervisor.spawn("jax", list(plan.argv), {**settings.environ(), **plan.env_set})
+                child = supervisor.spawn("jax", list(plan.argv), {**settings.environ(), **plan.env_set, **watched})
             else:
-                go.send({"env": {**plan.env_set, REPORT_ENV: report_path}})
+                go.send({"env": {**plan.env_set, **watched, REPORT_ENV: report_path}})
         go.close()
         supervisor.run()
         if child is None:
             return terminated(supervisor.received_signal).on_node(plan.node)
-        return jax_outcome(plan, supervisor, child, _read_report(report_path), launcher.retryable_exit_codes)
+        outcome = jax_outcome(plan, supervisor, child, _read_report(report_path), launcher.retryable_exit_codes)
+        return monitor.overrule(outcome) if monitor is not None else outcome
     finally:
+        if monitor is not None:
+            monitor.done()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -423,6 +423,19 @@ class Session:
         self._watcher.join()
 
 
+
+def register_stacks() -> None:
+    """With hang detection on, register this process's stack dump now: the launcher's variables
+    came after this runner started, too late for the hook it puts on PYTHONPATH."""
+    if not os.environ.get("LAUNCHER_STACKS_DIR"):
+        return
+    hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "status", "hook")
+    sys.path.insert(0, hook)
+    try:
+        import _trainer_launcher_stacks  # noqa: F401  (registers on import, never raises)
+    finally:
+        sys.path.remove(hook)
+
 def main(argv: list[str] | None = None) -> None:
     go_fd, argv = split_go_fd(sys.argv[1:] if argv is None else argv)
     go = Go(go_fd)
@@ -435,6 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         import_error = None
     os.environ.update(go.wait().get("env", {}))
+    register_stacks()
     config = Config(dict(os.environ))
     for name in (REPORT_ENV, INIT_TIMEOUT_ENV):
         os.environ.pop(name, None)  # ours, not the program's

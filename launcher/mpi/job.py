@@ -122,19 +122,21 @@ def _run(plan: MpiPlan, launcher: LauncherSettings) -> Outcome:
     """mpirun, supervised; with the ranks' failure reports, when they send them, naming the root cause."""
     env = {**settings.environ(), **plan.env_set}
     if not plan.rank_reports:
-        return supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause))
+        return supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause),
+                         reports_status=True)
     try:
         reports = RankReports.towards(plan.wait_hosts, plan.ssh_port)
     except OSError as error:
         log.warning(f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
                     "the failing rank is named from mpirun's output only")
         return supervise(launcher, list(plan.argv), {REPORT_ENV: "", **env},
-                         lambda child, cause: root_cause(plan, child, cause))
+                         lambda child, cause: root_cause(plan, child, cause), reports_status=True)
     with reports:
         # First, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment on the
         # way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end it.
         outcome = supervise(launcher, list(plan.argv), {**reports.env, **env},
-                            lambda child, cause: root_cause(plan, child, cause, reports.received))
+                            lambda child, cause: root_cause(plan, child, cause, reports.received),
+                            reports_status=True)
         received = reports.received
     return with_reported_error(outcome, received, launcher)
 

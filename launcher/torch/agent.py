@@ -102,6 +102,85 @@ def _stop_record(failures: dict) -> dict:
     return {key: root[key] for key in ("rank", "localRank", "exitCode", "signal")}
 
 
+def _stop_within_grace(timeout: int) -> None:
+    """torchrun gives its ranks its shutdown timeout (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, which the
+    agent sets to our grace) only when it is signalled. When a rank fails, the process context
+    stops the others with close()'s default of 30 s, and LocalElasticAgent._stop_workers again
+    with a hardcoded 30 s: a rank that ignores SIGTERM holds the job for 30 s whatever the grace.
+    Both follow the timeout here. (torchrun's --shutdown-timeout came with pytorch#172596; torch
+    2.13 still hardcodes these two, pytorch#192815.) Each patch only where torch has the method."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    if hasattr(PContext, "close"):
+        close = PContext.close
+
+        def close_within(self, death_sig=None, timeout: float = timeout) -> None:
+            close(self, death_sig, timeout)
+
+        PContext.close = close_within
+
+    if hasattr(LocalElasticAgent, "_stop_workers") and hasattr(LocalElasticAgent, "_shutdown"):
+        def stop_workers(self, worker_group) -> None:
+            self._shutdown(timeout=getattr(self, "_shutdown_timeout", timeout))
+
+        LocalElasticAgent._stop_workers = stop_workers
+
+
+def _terminate_once() -> None:
+    """torchrun turns SIGTERM into an exception in its main thread. A second one (the launcher's
+    teardown and a peer's stop record may both send one) lands inside its shutdown and leaves a
+    "Logging error" traceback in the log. After the first, stopping is under way: later ones are
+    ignored (the launcher still SIGKILLs what is left after the grace period)."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    first = getattr(api, "_terminate_process_handler", None)
+    if first is None:
+        return
+
+    def once(signum, frame) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        first(signum, frame)
+
+    api._terminate_process_handler = once
+
+
+def _shutdown_timeout(grace: float) -> int:
+    """What torchrun will read (the user's TORCH_ELASTIC_SHUTDOWN_TIMEOUT wins over our grace)."""
+    try:
+        return max(0, int(os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]))
+    except (KeyError, ValueError):
+        return max(1, int(grace))
+
+
+def _prepare_dump_dir() -> None:
+    """The flight-recorder dumps go to <prefix><rank>: its directory must exist when a rank dumps."""
+    for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        prefix = os.environ.get(name)
+        if prefix and os.path.dirname(prefix):
+            try:
+                os.makedirs(os.path.dirname(prefix), exist_ok=True)
+            except OSError:
+                pass  # the ranks then log torch's own error on a dump; the job is not at stake
+            return
+
+
+def _dump_local_stacks() -> list[dict]:
+    """This node's ranks' stacks, logged here (the launcher relays our stderr), their top frames
+    returned for the node that asked (launcher.torch.peers). Never raises: a hang is being ended."""
+    try:
+        from launcher.status import stacks
+
+        directory = os.environ.get(stacks.STACKS_ENV)
+        taken = stacks.collect(directory) if directory else []
+        stacks.echo(taken, lambda line: print(line, file=sys.stderr, flush=True))
+        return [{"rank": s.rank, "localRank": s.local_rank, "pid": s.pid, "top": list(s.top)} for s in taken]
+    except Exception as error:  # noqa: BLE001
+        print(f"trainer-launcher: could not take this node's stacks: {error}", file=sys.stderr, flush=True)
+        return []
+
+
 class Agent:
     def __init__(self, control, status_fd: int, report: str, job: str, grace: float):
         self.control, self.status_fd, self.report, self.job = control, status_fd, report, job
@@ -205,11 +284,14 @@ def main(argv: list[str]) -> int:
     agent.grace = float(plan.get("grace", agent.grace))
     # How long torchrun gives its ranks after SIGTERM: the launcher's grace, unless you chose.
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(agent.grace))))
+    _stop_within_grace(_shutdown_timeout(agent.grace))
+    _terminate_once()
+    _prepare_dump_dir()
     _track_workers(agent.workers)
     if plan.get("peers"):
         from launcher.torch.peers import PeerConfig, Peers
 
-        agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop)
+        agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop, _dump_local_stacks)
         _publish_final_failures(agent.peers)
         agent.peers.start()
     agent.run(torchrun, plan["args"])

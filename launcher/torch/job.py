@@ -6,6 +6,7 @@ The torch agent is spawned before anything heavy is imported here (pydantic incl
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -54,7 +55,8 @@ def make_plan(rest: list[str], require_program: bool = True,
     host = probe_host(settings.load(HostEnv))
     if not require_program and not run.program:
         run = type(run)(run.given, ("SCRIPT",))
-    plan = plan_torch(torch, host, run, sources, keep_nproc=launcher is not None and launcher.keep_nproc)
+    plan = plan_torch(torch, host, run, sources, keep_nproc=launcher is not None and launcher.keep_nproc,
+                      user_env=settings.environ())
     for warning in plan.warnings:
         log.warning(warning)
     return plan, host
@@ -68,6 +70,7 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
         control_r, control_w = os.pipe()
         status_r, status_w = os.pipe()
         control = _Control(control_w)
+        cleanup: list = []
         try:
             # Start importing torch now, while we validate and wait.
             agent = supervisor.spawn(
@@ -96,6 +99,12 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
             supervisor.grace_period = launcher.grace_period
             supervisor.evidence = evidence_regex(launcher.retryable_pattern)
             log.info(_summary(plan), plan=plan.to_json())
+            from launcher.status.monitor import start as start_monitor
+
+            # One sender per job: the node with rank 0 (Trainer gives every node the server's env).
+            monitor = start_monitor(launcher, supervisor, node=node, sends=plan.node_rank == 0)
+            if monitor is not None:
+                cleanup.append(monitor.close)
             verdict: list[Outcome] = []
 
             def on_report() -> None:
@@ -106,16 +115,22 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
                 if not os.read(status_r, 64):
                     return
                 supervisor.drain()
-                verdict.append(torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node, one_node))
+                verdict.append(_overruled(monitor, torch_outcome(supervisor, agent, _read_json(report_path, {}), codes,
+                                                                 node, one_node)))
                 control.send(verdict[0].to_json(codes))
                 control.close()
 
             supervisor.watch(status_r, on_report)
             try:
                 _wait(plan, launcher, supervisor)
-                control.send({"args": [*plan.torchrun_args, *plan.program], "env": plan.env_set,
-                              "unset": list(plan.env_unset), "grace": launcher.grace_period,
-                              "peers": _peers(plan, node, launcher.grace_period)})
+                env = {**plan.env_set, **(monitor.rank_env() if monitor is not None else {})}
+                peers = _peers(plan, node, launcher.grace_period)
+                if peers is not None and monitor is not None and monitor.watch is not None:
+                    # On a hang, every node's stacks, through the agents (launcher.torch.peers).
+                    peers["dumpRequest"] = os.path.join(workdir, "dump-stacks")
+                    monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], supervisor)
+                control.send({"args": [*plan.torchrun_args, *plan.program], "env": env,
+                              "unset": list(plan.env_unset), "grace": launcher.grace_period, "peers": peers})
             except Interrupted:
                 control.close()  # a signal, or the agent exited early: the supervisor already knows
             except LauncherError as error:
@@ -124,8 +139,8 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
                 supervisor.run()
                 return deliver(error.outcome().on_node(node), termination_log, codes)
             supervisor.run()
-            own = verdict[0] if verdict else torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node,
-                                                            one_node)
+            own = verdict[0] if verdict else _overruled(
+                monitor, torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node, one_node))
             nodes = [_node_outcome(summary) for summary in _read_json(job_path, [])]
             return deliver(job_outcome(own, plan.node_rank, node, nodes), termination_log, codes)
         except LauncherError as error:
@@ -136,6 +151,30 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
             control.close()
             os.close(status_r)
             shutil.rmtree(workdir, ignore_errors=True)
+            for close in cleanup:
+                close()
+
+
+def _stacks_of_every_node(request: str, supervisor: Supervisor) -> list:
+    """Ask every node's agent for its ranks' stacks and wait for the answer, serving our children's
+    output meanwhile (our agent logs our stacks through it). Bounded: the peers' own wait, plus
+    room for the agents' watchers to notice."""
+    from launcher.status.stacks import RankStacks
+    from launcher.torch.peers import DUMP_WAIT, POLL
+
+    with open(request, "w"):
+        pass
+    done, deadline = request + ".done", time.monotonic() + DUMP_WAIT + 10 * POLL + 5.0
+    while not os.path.exists(done) and time.monotonic() < deadline and supervisor.teardown_started is None:
+        supervisor.poll(POLL)
+    answers = _read_json(done, [])
+    return [RankStacks(pid=r.get("pid") or 0, rank=r.get("rank"), local_rank=r.get("localRank"), text="",
+                       top=tuple(r.get("top") or ()), node=answer.get("node"))
+            for answer in answers for r in answer.get("ranks", [])]
+
+
+def _overruled(monitor, outcome: Outcome) -> Outcome:
+    return monitor.overrule(outcome) if monitor is not None else outcome
 
 
 class _Control:

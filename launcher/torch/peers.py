@@ -14,7 +14,10 @@ master address and port, or on the c10d endpoint), every agent:
 - publishes its node's outcome, as its launcher classified it, and reads every node's, so each
   node can name the same root cause;
 - leaves only after every node has published (or ``linger`` seconds passed), so the node hosting
-  the store outlives every node still reading it.
+  the store outlives every node still reading it;
+- on a hang (launcher.status.monitor), takes its own ranks' Python stacks when any node asks, and
+  publishes their top frames: the rank that stopped is often on another node than the one that
+  noticed, and only there can its stack be taken before the job is torn down.
 
 Keys live under ``trainer-launcher/``; a JobSet restart brings a new store (each agent hosts it).
 """
@@ -41,10 +44,18 @@ CONNECT_TIMEOUT = 5.0
 POLL = 0.2  # seconds between looks at the stop record
 # After every node published, how long a node waits for the others to have read the summaries.
 READ_WAIT = 10.0
+DUMP = PREFIX + "dump-stacks"
+DUMPED = PREFIX + "dumped"
+# How long the node that asked waits for the others' stacks (each takes at most a few seconds).
+DUMP_WAIT = 8.0
 
 
 def node_key(node_rank: int) -> str:
     return f"{PREFIX}node/{node_rank}"
+
+
+def stacks_key(node_rank: int) -> str:
+    return f"{PREFIX}stacks/{node_rank}"
 
 
 @dataclass(frozen=True)
@@ -57,22 +68,29 @@ class PeerConfig:
     node_rank: int
     node: str
     linger: float  # seconds to wait for the other nodes to publish their outcome
+    # The launcher asks for every node's stacks by creating this file; the answer (every node's
+    # top frames, JSON) appears atomically at dump_request + ".done". None: no hang detection.
+    dump_request: str | None = None
 
     @classmethod
     def from_json(cls, data: dict | None) -> PeerConfig | None:
         if not data:
             return None
         return cls(data["host"], int(data["port"]), int(data["nnodes"]), int(data["nodeRank"]),
-                   data["node"], float(data["linger"]))
+                   data["node"], float(data["linger"]), data.get("dumpRequest"))
 
 
 class Peers:
     """This node's side of the job-wide channel. ``on_stop`` runs on the watcher thread when a
     peer's stop record arrives (or the store's host vanished) while this node has not finished."""
 
-    def __init__(self, config: PeerConfig, on_stop: Callable[[dict], None]):
+    def __init__(self, config: PeerConfig, on_stop: Callable[[dict], None],
+                 on_dump: Callable[[], list[dict]] | None = None):
+        """``on_dump``: take this node's ranks' stacks (and log them); their top frames return."""
         self.config = config
         self._on_stop = on_stop
+        self._on_dump = on_dump
+        self._asked = self._dumped = False
         self._lock = threading.Lock()
         self.role: str | None = None  # "root" once we published the stop record, "victim" once a peer did
         self.stop_record: dict | None = None
@@ -116,6 +134,7 @@ class Peers:
         # end of a good run would fail, and torch logs that failure with a C++ stack trace.
         while record is None and not self._finished.wait(POLL):
             try:
+                self._stacks(store)
                 if store.check([STOP]):
                     record = json.loads(store.get(STOP))
             except Exception:  # the store's host went away before anyone published a stop record
@@ -126,6 +145,36 @@ class Peers:
             self.role = "victim"
             self.stop_record = record
         self._on_stop(record)
+
+    def _stacks(self, store) -> None:
+        """Ask every node for its stacks when our launcher asked us; give ours when any node asked."""
+        request = self.config.dump_request
+        if request is None or self._on_dump is None:
+            return
+        if not self._asked and os.path.exists(request):
+            self._asked = True
+            store.compare_set(DUMP, "", self.config.node)
+        if self._dumped or not store.check([DUMP]):
+            return
+        self._dumped = True
+        store.set(stacks_key(self.config.node_rank), json.dumps({"node": self.config.node, "ranks": self._on_dump()}))
+        store.add(DUMPED, 1)
+        if self._asked:
+            self._answer(store)
+
+    def _answer(self, store) -> None:
+        """Every node's stacks (those that answered within DUMP_WAIT), for our launcher."""
+        deadline = time.monotonic() + DUMP_WAIT
+        while store.add(DUMPED, 0) < self.config.nnodes and time.monotonic() < deadline:
+            time.sleep(POLL)
+        answers = []
+        for rank in range(self.config.nnodes):
+            if store.check([stacks_key(rank)]):
+                answers.append(json.loads(store.get(stacks_key(rank))))
+        done = self.config.dump_request + ".done"
+        with open(done + ".tmp", "w") as handle:
+            json.dump(answers, handle)
+        os.replace(done + ".tmp", done)
 
     # --- publishing ----------------------------------------------------------------------------
 

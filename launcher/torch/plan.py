@@ -15,12 +15,14 @@ Two rules shape the command line:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from launcher.torch import args as torchrun_args
 from launcher.core.devices import HostFacts
 from launcher.core.knobs import Override
 from launcher.core.outcome import ConfigError
+from launcher.status import flight
 from launcher.torch.settings import TorchSettings
 from launcher.torch.args import CommandLine, Given
 
@@ -39,6 +41,16 @@ assert set(_ORDER) == set(OWNED)
 # The variables behind the owned flags: removed from torchrun's environment, so it sees only the
 # flags the plan prints. torchrun's other PET_* variables stay and keep their meaning.
 CONSUMED_ENV = tuple(f"PET_{dest.upper()}" for dest in OWNED)
+# PyTorch's NCCL flight recorder, on unless the user set it: each setting's names, the current one
+# first (torch 2.8 renamed TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE to
+# TORCH_FR_*; newer torch still reads the old names, with a deprecation warning from every rank),
+# and the launcher's value. The user's value under any name wins; the plan sets the current name.
+FR_BUFFER_SIZE = "2000"  # entries in each rank's ring of recent collectives (PyTorch's advice)
+FLIGHT_RECORDER = (
+    (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), FR_BUFFER_SIZE),
+    (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),
+    (("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), None),  # the dump prefix, per job
+)
 # Trainer's master is <trainjob>-node-0-0.<trainjob>[.<domain>]: the TrainJob name is its head.
 _TRAINER_MASTER = re.compile(r"^(?P<trainjob>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-node-0-0(\.|$)")
 
@@ -195,8 +207,11 @@ def plan_torch(
     run: TorchrunArgs,
     sources: dict[str, str],
     keep_nproc: bool = False,
+    user_env: Mapping[str, str] | None = None,
 ) -> TorchPlan:
-    """``sources`` maps a setting to the flag or variable that gave it (absent: the default)."""
+    """``sources`` maps a setting to the flag or variable that gave it (absent: the default).
+    ``user_env``: the environment torchrun will inherit, for the settings the plan leaves to the
+    user when set (None: unknown, so the plan sets none of them)."""
     min_nodes, max_nodes = torch.nnodes
     nnodes = str(min_nodes) if min_nodes == max_nodes else f"{min_nodes}:{max_nodes}"
     nproc_name = sources.get("nproc_per_node", "default")
@@ -236,6 +251,9 @@ def plan_torch(
         # torchrun would set 1 for every rank; give each rank its share of the quota instead.
         env_set["OMP_NUM_THREADS"] = str(max(1, int(host.cpus // nproc)))
         shown["OMP_NUM_THREADS"] = f"{host.cpus:g} CPUs / {nproc} processes"
+    if user_env is not None:
+        job, _ = trainjob_rdzv_id(torch.master_addr, sources.get("master_addr"))
+        env_set.update(flight_recorder_env(user_env, flight.directory(None if job == DEFAULT_RDZV_ID else job)))
     return TorchPlan(
         mode=rendezvous.mode,
         nnodes=nnodes if rendezvous.mode != "standalone" or "nnodes" in typed else "1",
@@ -249,6 +267,16 @@ def plan_torch(
         sources=shown,
         warnings=(nproc_note,) if nproc_note else (),
     )
+
+
+def flight_recorder_env(user_env: Mapping[str, str], directory: str) -> dict[str, str]:
+    """The flight recorder's variables for the ranks: each setting the user set none of the names
+    of, under its current name; dumps go to ``directory``."""
+    planned: dict[str, str] = {}
+    for names, value in FLIGHT_RECORDER:
+        if not any(name in user_env for name in names):
+            planned[names[0]] = value or f"{directory}/{flight.FILE_PREFIX}"
+    return planned
 
 
 def _rendezvous(torch: TorchSettings, sources: dict[str, str], nnodes: str) -> _Rendezvous:

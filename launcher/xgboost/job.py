@@ -39,6 +39,7 @@ from launcher.xgboost import run as runner_module
 from launcher.xgboost import tracker as tracker_module
 
 if TYPE_CHECKING:
+    from launcher.status.monitor import Monitor
     from launcher.core.outcome import Outcome
     from launcher.core.settings import LauncherSettings, Override
     from launcher.xgboost.plan import Worker, XGBoostPlan
@@ -137,6 +138,8 @@ class _Pod:
     board: board_module.Board | None = None  # pod 0
     board_client: board_module.BoardClient | None = None  # every other pod
     posted: bool = False  # this pod's failure went to the board
+    monitor: Monitor | None = None  # progress, the TrainJob's status (pod 0 sends), hangs
+    watched: dict[str, str] = field(default_factory=dict)  # the monitor's variables for the workers
     adopted: dict | None = None  # another pod's stop record
     pod_0_lost: bool = False
     _fds: dict[str, int] = field(default_factory=dict)
@@ -155,6 +158,8 @@ class _Pod:
             os.close(fd)
 
     def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()  # after the outcome's delivery: its final status has gone out
         for name in list(self._fds):
             self._close(name)
         for side in (self.board, self.board_client):
@@ -206,6 +211,11 @@ class _Pod:
             return error.outcome().on_node(socket.gethostname())
         workspace.warn_if_unwritable()
         log.info(_summary(plan), plan=plan.to_json())
+        from launcher.status.monitor import start as start_monitor
+
+        # Progress, the TrainJob's status (pod 0 sends) and hangs.
+        self.monitor = start_monitor(launcher, self.supervisor, node=plan.node, sends=plan.pod_index == 0)
+        self.watched = self.monitor.rank_env() if self.monitor is not None else {}
         deadline = time.monotonic() + launcher.rendezvous_timeout
         try:
             self._open_board()
@@ -368,7 +378,7 @@ class _Pod:
             argv[at:at] = options
         transform = (lambda line, task=worker.task_id: f"[rank-{task}]: {line}") if len(self.workers) > 1 else None
         spawned.child = self.supervisor.spawn(f"worker-{worker.task_id}", argv,
-                                              {**settings.environ(), **worker.env_set}, pass_fds=fds,
+                                              {**settings.environ(), **worker.env_set, **self.watched}, pass_fds=fds,
                                               transform=transform)
 
     def _go(self) -> None:
@@ -376,7 +386,8 @@ class _Pod:
         self.supervisor.watch(self._fds["joined-r"], self._on_joined)
         for spawned in self.workers:
             if spawned.early:
-                self._send("runner-go-w", json.dumps({"env": spawned.worker.env_set}).encode() + b"\n")
+                env = {**spawned.worker.env_set, **self.watched}
+                self._send("runner-go-w", json.dumps({"env": env}).encode() + b"\n")
         shared = sum(1 for spawned in self.workers if not spawned.early)
         if shared:
             self._send("go-w", runner_module.GO_WORD * shared)
@@ -466,6 +477,8 @@ class _Pod:
         from launcher.core.outcome import RootCause, classify, success, terminated
 
         supervisor, node = self.supervisor, self.plan.node
+        if self.monitor is not None and self.monitor.hang is not None:
+            return self.monitor.hang
         if self.join_timeout is not None:
             return self.join_timeout
         first = supervisor.first_failure

@@ -357,6 +357,19 @@ def _exit_now(status: int) -> None:
     os._exit(status)
 
 
+
+def register_stacks() -> None:
+    """With hang detection on, register this process's stack dump now: the launcher's variables
+    came after this runner started, too late for the hook it puts on PYTHONPATH."""
+    if not os.environ.get("LAUNCHER_STACKS_DIR"):
+        return
+    hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "status", "hook")
+    sys.path.insert(0, hook)
+    try:
+        import _trainer_launcher_stacks  # noqa: F401  (registers on import, never raises)
+    finally:
+        sys.path.remove(hook)
+
 def main(argv: list[str] | None = None) -> None:
     options, rest = parse_options(sys.argv[1:] if argv is None else argv)
     kind, target, args = parse_target(rest)
@@ -369,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     from xgboost import collective, tracker
 
     os.environ.update(wait_for_go(go_fd))
+    register_stacks()
     worker = WorkerEnv(dict(os.environ))
     try:
         collective.CommunicatorContext(**worker.args()).__enter__()

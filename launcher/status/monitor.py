@@ -1,0 +1,255 @@
+"""Watch a job from inside the launcher: progress from the ranks, the TrainJob's status, hangs.
+
+One monitor per launcher process, attached to its supervisor's loop. It gathers progress from
+every source the ranks may use (their output lines, ``launcher.progress.report``, a JSON-lines
+file, and the Kubeflow SDK's or HuggingFace's own status calls, which reach a local relay instead
+of the status server) into one tracker. The pod that sends for the job (torch node 0, the MPI
+launcher, JAX process 0, XGBoost pod 0) turns the tracker into the TrainJob's ``trainerStatus``,
+at most once per interval, and the job's outcome into its final status. With ``--hang-timeout`` the tracker also decides when the
+job has stopped making progress: then every rank's Python stack is taken, the job is torn down,
+and it ends as a retryable ``Hang``.
+
+It changes nothing unless it is wanted: without the status server's variables and without a hang
+timeout, no monitor is made and the ranks' environment is the user's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Callable
+from urllib.parse import urlsplit
+
+from launcher.core import log, report, settings
+from launcher.core.outcome import TRANSIENT, Outcome, RootCause, is_retryable
+
+if TYPE_CHECKING:  # the rest is imported only when a monitor is made
+    from launcher.core.settings import LauncherSettings
+    from launcher.core.supervisor import Child, Supervisor
+    from launcher.status.hang import Hang
+    from launcher.status.lines import Observation
+
+PROGRESS_FILE_ENV = "LAUNCHER_PROGRESS_FILE"
+SERVER_URL_ENV = "KUBEFLOW_TRAINER_SERVER_URL"
+# How often the loop's tick does real work; the supervisor may turn many times a second.
+TICK = 0.25
+
+
+def wanted(launcher: LauncherSettings) -> bool:
+    """A monitor only when there is something to report to or a hang to catch."""
+    from launcher.status.settings import status_env
+
+    if launcher.hang_timeout > 0:
+        return True
+    return launcher.status_report == "auto" and status_env() != (None, None)
+
+
+class Monitor:
+    def __init__(self, launcher: LauncherSettings, *, node: str, sends: bool, relays: bool = True):
+        """``sends``: this pod reports the job to the status server (one sender per job).
+        ``relays``: point the ranks' status URL at our relay; not where the ranks run in other
+        pods (MPI workers), which cannot reach it."""
+        from launcher.status.hang import HangWatch
+        from launcher.status.intake import JsonlTail, ProgressSocket, Relay
+        from launcher.status.lines import LineParser
+        from launcher.status.sender import Sender
+        from launcher.status.settings import status_env
+        from launcher.status.tracker import Tracker
+
+        self.node = node
+        self.dir = tempfile.mkdtemp(prefix="trainer-launcher-status-")
+        self.tracker = Tracker()
+        self.parser = LineParser(re.compile(launcher.progress_regex) if launcher.progress_regex else None)
+        self.socket = ProgressSocket(os.path.join(self.dir, "progress.sock"))
+        self.file = launcher.progress_file or os.path.join(self.dir, "progress.jsonl")
+        self.tail = JsonlTail(self.file)
+        server, problem = status_env() if launcher.status_report == "auto" else (None, None)
+        if problem:
+            log.warning(problem)
+        self.relay = Relay(urlsplit(server.url).path or "/") if server is not None and relays else None
+        self.sender = Sender(server) if server is not None and sends else None
+        started, self.started_wall = time.monotonic(), time.time()
+        self.watch = None
+        if launcher.hang_timeout > 0:
+            self.watch = HangWatch(launcher.hang_timeout, launcher.hang_startup or None, started)
+        self.stacks_dir = os.path.join(self.dir, "stacks")
+        self.hang: Outcome | None = None
+        # How a hang's stacks are taken: this pod's ranks, unless the job can ask every node
+        # (torch's agents do: launcher.torch.job). The taker logs what it takes.
+        self.take_stacks: Callable[[], list] = self._local_stacks
+        self._taking = False
+        self.supervisor: Supervisor | None = None
+        self._next_tick = started
+        self._changed = False
+        self._closed = False
+
+    def rank_env(self) -> dict[str, str]:
+        """What the ranks need to report to us (and nothing when nothing is watched)."""
+        from launcher.status import stacks
+        from launcher.status.intake import SOCKET_ENV
+
+        env = {SOCKET_ENV: self.socket.path, PROGRESS_FILE_ENV: self.file}
+        if self.relay is not None:
+            env[SERVER_URL_ENV] = self.relay.url
+        if self.watch is not None:
+            os.makedirs(self.stacks_dir, exist_ok=True)
+            env.update(stacks.rank_env(self.stacks_dir, settings.environ().get("PYTHONPATH")))
+        return env
+
+    def attach(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        supervisor.line_observers.append(self._line)
+        supervisor.tickers.append(self._tick)
+        supervisor.watch(self.socket.fileno(), self._datagrams)
+        if self.relay is not None:
+            self.relay.start()
+        if self.sender is not None:
+            self.sender.start()
+            report.delivery_hooks.append(self._final)
+
+    def overrule(self, outcome: Outcome) -> Outcome:
+        """The job's outcome, unless we ended it as hung: then the ranks' exits are our teardown."""
+        return self.hang if self.hang is not None else outcome
+
+    def done(self) -> None:
+        """The job's processes are gone: stop listening to them. The final status still goes out
+        when the outcome is delivered."""
+        if self._closed:
+            return
+        self._closed = True
+        self._observe(self.tail.read_new())
+        if self.relay is not None:
+            self._observe(self.relay.take())
+            self.relay.close()
+        if self.supervisor is not None:
+            self.supervisor.unwatch(self.socket.fileno())
+            self.supervisor.line_observers.remove(self._line)
+            self.supervisor.tickers.remove(self._tick)
+        self.socket.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def close(self) -> None:
+        """Done, and no final status to send after all (the launcher ends without an outcome)."""
+        self.done()
+        if self.sender is not None and self._final in report.delivery_hooks:
+            report.delivery_hooks.remove(self._final)
+            self.sender.close(None, timeout=1.0)
+
+    # --- sources -------------------------------------------------------------------------------
+
+    def _observe(self, observations: list[Observation]) -> None:
+        now = time.monotonic()
+        for observation in observations:
+            self.tracker.observe(observation, now)
+            self._changed = True
+
+    def _line(self, child: Child, text: str) -> None:
+        observation = self.parser.parse(text)
+        if observation is not None:
+            self._observe([observation])
+
+    def _datagrams(self) -> None:
+        self._observe(self.socket.receive())
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now < self._next_tick or self._taking:
+            return
+        self._next_tick = now + TICK
+        self._observe(self.tail.read_new())
+        if self.relay is not None:
+            self._observe(self.relay.take())
+        if self._changed and self.sender is not None:
+            self._changed = False
+            self.sender.offer(self._body(now))
+        if self.watch is not None and self.hang is None and self.supervisor.teardown_started is None:
+            found = self.watch.check(self.tracker, now)
+            if found is not None:
+                self._on_hang(found)
+
+    # --- hangs ---------------------------------------------------------------------------------
+
+    def _on_hang(self, found: Hang) -> None:
+        from launcher.status import flight
+        from launcher.status.hang import describe, waiting_on_others
+
+        log.error(f"no progress for {found.stalled_for:.0f}s: taking every rank's stack, then stopping the job")
+        self._taking = True  # a taker may serve the supervisor's loop while it waits
+        try:
+            taken = self.take_stacks()
+        finally:
+            self._taking = False
+        found = waiting_on_others(taken, found)
+        message, extra = describe(found, taken, self.node)
+        dumps = flight.dumps(since=self.started_wall)
+        if dumps:
+            extra["flightRecorder"] = dumps[:8]
+        rank = found.stopped_ranks[0] if found.stopped_ranks else None
+        node = next((s.node for s in taken if s.rank == rank and s.node), self.node)
+        self.hang = Outcome(TRANSIENT, "Hang", message, RootCause(node=node, rank=rank), extra=extra)
+        self.supervisor.begin_teardown()
+
+    def _local_stacks(self) -> list:
+        from launcher.status import stacks
+
+        taken = stacks.collect(self.stacks_dir)
+        stacks.echo(taken, _write)
+        return taken
+
+    # --- the TrainJob's status -----------------------------------------------------------------
+
+    def _body(self, now: float, outcome: Outcome | None = None, codes: frozenset[int] = frozenset()) -> dict:
+        from launcher.status.payload import trainer_status
+
+        percent, eta = self.tracker.percent(), self.tracker.eta(now)
+        metrics = self.tracker.metrics()
+        if outcome is not None:
+            if outcome.exit_code == 0:
+                percent, eta = 100, 0
+            metrics = [*outcome_metrics(outcome, codes), *metrics]
+        return trainer_status(percent=percent, eta=eta, metrics=metrics, now=datetime.now(timezone.utc))
+
+    def _final(self, outcome: Outcome, codes: frozenset[int]) -> None:
+        """The job's outcome, as the TrainJob's last status (delivery hook)."""
+        report.delivery_hooks.remove(self._final)
+        self.done()
+        self.sender.close(self._body(time.monotonic(), outcome, codes))
+
+
+def outcome_metrics(outcome: Outcome, codes: frozenset[int]) -> list[tuple[str, str]]:
+    """How the job ended, as metrics: what `kubectl get trainjob` and Katib can show."""
+    reason = outcome.extra.get("causeReason") or outcome.reason  # PeerFailed: the root's own reason
+    found = [("exit_code", str(outcome.exit_code)), ("reason", str(reason)),
+             ("retryable", str(is_retryable(outcome.exit_code, codes)).lower())]
+    cause = outcome.root_cause
+    if outcome.exit_code != 0 and cause is not None:
+        if cause.node:
+            found.append(("root_cause_node", cause.node))
+        if cause.rank is not None:
+            found.append(("root_cause_rank", str(cause.rank)))
+    if outcome.exit_code != 0 and outcome.message:
+        found.append(("message", outcome.message))
+    return found
+
+
+def start(launcher: LauncherSettings, supervisor: Supervisor, *, node: str, sends: bool,
+          relays: bool = True) -> Monitor | None:
+    """A monitor attached to ``supervisor``, or None when nothing asks for one."""
+    if not wanted(launcher):
+        return None
+    monitor = Monitor(launcher, node=node, sends=sends, relays=relays)
+    monitor.attach(supervisor)
+    return monitor
+
+
+def _write(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
