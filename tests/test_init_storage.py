@@ -123,8 +123,18 @@ def test_kill_9_mid_download_then_rerun_fetches_only_the_rest(s3_server, bucket,
     first = subprocess.Popen(launcher("init", "dataset", "--output", str(out)), env=env, cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = out / ".trainer-launcher" / "parts"
-    wait_for(lambda: any(p.suffix == ".part" and p.stat().st_size > 2 * 1024 * 1024 for p in parts.glob("*.part"))
-             if parts.exists() else False, timeout=60, what="a partial big.bin")
+
+    def big_part_size() -> int:
+        """How much of big.bin its partial file holds (single.bin, 3 MiB, has a partial file too)."""
+        for meta in parts.glob("*.part.json") if parts.exists() else ():
+            try:
+                if json.loads(meta.read_text()).get("path") == "big.bin":
+                    return meta.with_suffix("").stat().st_size
+            except (OSError, ValueError):
+                pass
+        return 0
+
+    wait_for(lambda: big_part_size() > 2 * 1024 * 1024, timeout=60, what="a partial big.bin")
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     assert not (out / "big.bin").exists()  # never a partial file under its final name
