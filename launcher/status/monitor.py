@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the rest is imported only when a monitor is made
     from launcher.core.supervisor import Child, Supervisor
     from launcher.status.hang import Hang
     from launcher.status.lines import Observation
+    from launcher.status.settings import StatusEnv
 
 PROGRESS_FILE_ENV = "LAUNCHER_PROGRESS_FILE"
 SERVER_URL_ENV = "KUBEFLOW_TRAINER_SERVER_URL"
@@ -40,25 +41,16 @@ SERVER_URL_ENV = "KUBEFLOW_TRAINER_SERVER_URL"
 TICK = 0.25
 
 
-def wanted(launcher: LauncherSettings) -> bool:
-    """A monitor only when there is something to report to or a hang to catch."""
-    from launcher.status.settings import status_env
-
-    if launcher.hang_timeout > 0:
-        return True
-    return launcher.status_report == "auto" and status_env() != (None, None)
-
-
 class Monitor:
-    def __init__(self, launcher: LauncherSettings, *, node: str, sends: bool, relays: bool = True):
-        """``sends``: this pod reports the job to the status server (one sender per job).
-        ``relays``: point the ranks' status URL at our relay; not where the ranks run in other
-        pods (MPI workers), which cannot reach it."""
+    def __init__(self, launcher: LauncherSettings, server: StatusEnv | None, *, node: str, sends: bool,
+                 relays: bool = True):
+        """``server``: the status server's contract (None: no reporting). ``sends``: this pod
+        reports the job to it (one sender per job). ``relays``: point the ranks' status URL at our
+        relay; not where the ranks run in other pods (MPI workers), which cannot reach it."""
         from launcher.status.hang import HangWatch
         from launcher.status.intake import JsonlTail, ProgressSocket, Relay
         from launcher.status.lines import LineParser
         from launcher.status.sender import Sender
-        from launcher.status.settings import status_env
         from launcher.status.tracker import Tracker
 
         self.node = node
@@ -68,9 +60,6 @@ class Monitor:
         self.socket = ProgressSocket(os.path.join(self.dir, "progress.sock"))
         self.file = launcher.progress_file or os.path.join(self.dir, "progress.jsonl")
         self.tail = JsonlTail(self.file)
-        server, problem = status_env() if launcher.status_report == "auto" else (None, None)
-        if problem:
-            log.warning(problem)
         self.relay = Relay(urlsplit(server.url).path or "/") if server is not None and relays else None
         self.sender = Sender(server) if server is not None and sends else None
         started, self.started_wall = time.monotonic(), time.time()
@@ -239,10 +228,16 @@ def outcome_metrics(outcome: Outcome, codes: frozenset[int]) -> list[tuple[str, 
 
 def start(launcher: LauncherSettings, supervisor: Supervisor, *, node: str, sends: bool,
           relays: bool = True) -> Monitor | None:
-    """A monitor attached to ``supervisor``, or None when nothing asks for one."""
-    if not wanted(launcher):
+    """A monitor attached to ``supervisor``, or None when there is nothing to report to and no
+    hang to catch."""
+    from launcher.status.settings import status_env
+
+    server, problem = status_env() if launcher.status_report == "auto" else (None, None)
+    if problem:
+        log.warning(problem)
+    if server is None and problem is None and launcher.hang_timeout <= 0:
         return None
-    monitor = Monitor(launcher, node=node, sends=sends, relays=relays)
+    monitor = Monitor(launcher, server, node=node, sends=sends, relays=relays)
     monitor.attach(supervisor)
     return monitor
 

@@ -67,7 +67,7 @@ def collect(stacks_dir: str, wait: float = 3.0) -> list[RankStacks]:
     for entry in _registered(stacks_dir):
         try:
             entry.offset = os.path.getsize(entry.path)
-            entry.blockers = frozenset(_tasks_with(entry.pid, entry.signum, ("SigBlk:",)))
+            entry.blockers = frozenset(_signal_state(entry.pid, entry.signum)[1])
             os.kill(entry.pid, entry.signum)
         except OSError:
             continue  # gone since we looked
@@ -138,27 +138,28 @@ def _handling(entry: _Registered) -> bool:
     without chaining (no SA_NODEFER), it blocks the signal while it writes. A busy machine may
     pause a dump halfway, so a file that stopped growing is not enough. Threads that blocked the
     signal before it was sent block it for good and say nothing."""
-    pending = _tasks_with(entry.pid, entry.signum, ("SigPnd:", "ShdPnd:"))
-    blocked = _tasks_with(entry.pid, entry.signum, ("SigBlk:",))
+    pending, blocked = _signal_state(entry.pid, entry.signum)
     return bool(pending) or bool(blocked - entry.blockers)
 
 
-def _tasks_with(pid: int, signum: int, fields: tuple[str, ...]) -> set[str]:
-    """The process's threads whose /proc status has ``signum`` in one of ``fields`` (signal masks)."""
+def _signal_state(pid: int, signum: int) -> tuple[set[str], set[str]]:
+    """The process's threads that have ``signum`` pending, and those that block it, from one read
+    of each thread's /proc status."""
     bit = 1 << (signum - 1)
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return set()  # gone: it will write nothing more
-    found = set()
+        return set(), set()  # gone: it will write nothing more
+    pending, blocked = set(), set()
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/status") as handle:
-                if any(line.startswith(fields) and int(line.split()[1], 16) & bit for line in handle):
-                    found.add(task)
+                for line in handle:
+                    if line.startswith(("SigPnd:", "ShdPnd:", "SigBlk:")) and int(line.split()[1], 16) & bit:
+                        (blocked if line.startswith("SigBlk:") else pending).add(task)
         except (OSError, ValueError, IndexError):
             continue
-    return found
+    return pending, blocked
 
 
 def _has_main(text: str, main: int | None) -> bool:
