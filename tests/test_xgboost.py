@@ -121,8 +121,10 @@ def test_a_worker_that_exits_3_fails_every_pod_with_3_naming_its_task_and_pod(tm
     assert "task 1" in message["message"]
     if IS_ROOT:
         assert message["rootCause"]["node"] == "local-node-0-1"
-    errors = {line.split("]")[0].lstrip("["): line for line in job.stderr.splitlines() if "trainer-launcher: error:" in line
-              and line.startswith("[node-")}
+    errors = {}  # each pod's verdict: its first error line (an "evidence:" line may follow it)
+    for line in job.stderr.splitlines():
+        if line.startswith("[node-") and "trainer-launcher: error:" in line and "error: evidence:" not in line:
+            errors.setdefault(line.split("]")[0].lstrip("["), line)
     assert "exit 3 (permanent, Failed)" in errors["node-1"]
     for pod in ("node-0", "node-2"):  # each pod says the same: task 1's exit 3 (or it was torn down first)
         assert pod not in errors or "(task 1)" in errors[pod] and "exit 3 (permanent, PeerFailed)" in errors[pod] \

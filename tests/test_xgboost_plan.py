@@ -193,3 +193,37 @@ def test_plan_imports_no_xgboost():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_local_picks_a_tracker_port_whose_neighbour_the_stop_board_needs_is_free_too(monkeypatch):
+    """Pod 0's stop board listens on the tracker's port + 1. `local` used to pick one free port
+    and leave its neighbour to chance: on a busy host (CI, seen once) the board could not listen,
+    and each pod then reported its own view of the failure. Here the first free port the kernel
+    offers has its neighbour taken, for real: a listening socket holds it."""
+    import socket
+
+    from launcher.xgboost.local import tracker_port_for
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    offers = iter([taken - 1])
+    real = socket.socket
+
+    class FirstOfferNextToATakenPort(real):  # the kernel's choice for bind(port 0) is what is steered
+        def bind(self, address):
+            if address == ("127.0.0.1", 0) and (offer := next(offers, None)) is not None:
+                address = ("127.0.0.1", offer)
+            return super().bind(address)
+
+    monkeypatch.setattr(socket, "socket", FirstOfferNextToATakenPort)
+    try:
+        chosen = tracker_port_for(None)
+    finally:
+        held.close()
+    assert chosen != taken - 1
+    monkeypatch.undo()
+    with socket.socket() as probe:  # the neighbour was free when it was chosen
+        probe.bind(("127.0.0.1", chosen + 1))
+    assert tracker_port_for("29500") == 29500  # the user's port is the user's

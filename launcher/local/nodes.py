@@ -71,10 +71,22 @@ def node_prefix(index: int) -> Callable[[str], str]:
     return transform
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def free_port(span: int = 1) -> int:
+    """A port P such that P .. P+span-1 are all free now (XGBoost's stop board sits at the
+    tracker's port + 1: a free P alone leaves P+1 to chance on a busy host)."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + span - 1 > 65535:
+            continue
+        try:
+            for offset in range(1, span):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", first + offset))
+        except OSError:
+            continue
+        return first
 
 
 def isolation_problem(tools: tuple[str, ...] = ()) -> str | None:
@@ -116,10 +128,10 @@ def pods(nnodes: str, trainjob: str, isolation: str) -> Pods:
     return Pods(count, trainjob, isolation != "none" and problem is None, problem)
 
 
-def port(raw: str | None, flag: str = "--master-port") -> int:
-    """The job's port: ``raw`` validated, or a free one."""
+def port(raw: str | None, flag: str = "--master-port", span: int = 1) -> int:
+    """The job's port: ``raw`` validated, or a free one (with the ``span - 1`` after it free too)."""
     try:
-        return settings.int_in(1, 65535, "a port")(free_port() if raw is None else raw)
+        return settings.int_in(1, 65535, "a port")(free_port(span) if raw is None else raw)
     except ValueError as error:
         raise ConfigError(flag, raw, str(error)) from None
 

@@ -16,6 +16,7 @@ from launcher.core.outcome import ConfigError, Outcome
 from launcher.core.report import run_command
 from launcher.core.settings import LauncherSettings, Override
 from launcher.local.nodes import Pods, knob_args, pods, port, run_pods
+from launcher.xgboost import board
 from launcher.xgboost.knobs import XGBOOST_KNOBS
 
 # The controller owns these; a caller's own would otherwise leak into every pod.
@@ -37,6 +38,12 @@ def node_env(job: Pods, index: int, per_pod: int, tracker_port: int, base: dict[
     return env
 
 
+def tracker_port_for(master_port: str | None) -> int:
+    """``--master-port``, or a free port whose neighbour is free too: pod 0's stop board listens
+    on the tracker's port + 1 (launcher.xgboost.board)."""
+    return port(master_port, span=1 + board.PORT_OFFSET)
+
+
 def run_local(launcher_overrides: dict[str, Override], xgboost_overrides: dict[str, Override], rest: list[str],
               nnodes: str, nproc_per_node: str, trainjob: str, master_port: str | None, isolation: str) -> int:
     def body(launcher: LauncherSettings) -> Outcome:
@@ -46,7 +53,7 @@ def run_local(launcher_overrides: dict[str, Override], xgboost_overrides: dict[s
         except ValueError as error:
             raise ConfigError("--nproc-per-node", nproc_per_node,
                               f"{error}: the GPUs each emulated pod stands for (1: a CPU pod)") from None
-        tracker_port = port(master_port)
+        tracker_port = tracker_port_for(master_port)
         if not rest:
             raise ConfigError("PROGRAM", None, "a program: trainer-launcher local --framework xgboost --nnodes N -- "
                                                "python SCRIPT [ARGS...]")
