@@ -240,10 +240,10 @@ def permanent_error_reasons() -> set[str]:
     """Every reason a PermanentError can carry: the literal ones in the source (a new
     ``raise PermanentError(..., "Reason")`` is covered without editing this test) and every
     value of the tables the computed ones are looked up in."""
-    from launcher.initializers import engine, http, sources
+    from launcher.initializers import engine, http, s3
 
-    reasons = set(http._PERMANENT.values()) | set(sources.S3_PERMANENT_CODES.values())
-    reasons |= set(sources.BOTOCORE_PERMANENT.values()) | set(engine.PERMANENT_ERRNOS.values())
+    reasons = set(http._PERMANENT.values()) | set(s3.S3_PERMANENT_CODES.values())
+    reasons |= set(s3.BOTOCORE_PERMANENT.values()) | set(engine.PERMANENT_ERRNOS.values())
     return reasons | _reasons_in_the_source()[0]
 
 
@@ -281,7 +281,7 @@ def s3_client_error(code: str, status: int):
 
 def s3_cases() -> list[tuple[str, int, int, str]]:
     """(S3 error code, HTTP status, exit code, reason): every code in the table, plus statuses."""
-    from launcher.initializers.sources import S3_PERMANENT_CODES
+    from launcher.initializers.s3 import S3_PERMANENT_CODES
 
     status_of = {"NotFound": 404, "AuthFailed": 403}
     cases = [(code, status_of[reason], CONFIG_ERROR, reason) for code, reason in S3_PERMANENT_CODES.items()]
@@ -301,7 +301,7 @@ def s3_cases() -> list[tuple[str, int, int, str]]:
 
 @pytest.mark.parametrize("code, status, exit_code, reason", s3_cases(), ids=lambda v: str(v))
 def test_every_s3_error_code(tmp_path, code, status, exit_code, reason):
-    from launcher.initializers.sources import S3Source
+    from launcher.initializers.s3 import S3Source
 
     def fail():
         raise s3_client_error(code, status)
@@ -333,7 +333,7 @@ def botocore_cases() -> list[tuple[Exception, int, str]]:
 def test_the_botocore_table_names_real_botocore_errors_and_all_are_covered():
     from botocore import exceptions as boto
 
-    from launcher.initializers.sources import BOTOCORE_PERMANENT
+    from launcher.initializers.s3 import BOTOCORE_PERMANENT
 
     for name in BOTOCORE_PERMANENT:
         assert issubclass(getattr(boto, name), boto.BotoCoreError), name
@@ -342,7 +342,7 @@ def test_the_botocore_table_names_real_botocore_errors_and_all_are_covered():
 
 @pytest.mark.parametrize("error, exit_code, reason", botocore_cases(), ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v))
 def test_every_botocore_error(tmp_path, error, exit_code, reason):
-    from launcher.initializers.sources import S3Source
+    from launcher.initializers.s3 import S3Source
 
     def fail():
         raise error

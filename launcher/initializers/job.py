@@ -51,7 +51,9 @@ def _source(kind: str, uri: StorageUri, init: InitSettings):
     if uri.scheme in ("https", "http"):
         return sources.HttpsSource(uri, uri.shown)
     if uri.scheme == "s3":
-        return sources.S3Source(uri, init)
+        from launcher.initializers.s3 import S3Source
+
+        return S3Source(uri, init)
     return sources.HubSource(uri, "dataset" if kind == "dataset" else "model", init.access_token, init.revision)
 
 
