@@ -415,6 +415,7 @@ class _ProxyHandler(_Handler):
         else:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         proxy.requests.append((self.command, self.path, self.headers.get("Range")))
+        proxy.agents.append((self.command, self.path, self.headers.get("User-Agent", "")))
         path = urlsplit(self.path).path
         fault = proxy.take(self.command, path, {"fail", "stall"})
         if fault and fault.kind == "fail":
@@ -490,6 +491,7 @@ class FaultProxy:
         self.upstream_host, self.upstream_port = host, int(port or 80)
         self.faults: list[Fault] = []
         self.requests: list[tuple[str, str, str | None]] = []
+        self.agents: list[tuple[str, str, str]] = []  # (method, raw path, User-Agent): which client asked
         self._lock = threading.Lock()
         self._server = _serve(_ProxyHandler, self)
         self.port = self._server.server_address[1]

@@ -244,6 +244,7 @@ def permanent_error_reasons() -> set[str]:
 
     reasons = set(http._PERMANENT.values()) | set(s3.S3_PERMANENT_CODES.values())
     reasons |= set(s3.BOTOCORE_PERMANENT.values()) | set(engine.PERMANENT_ERRNOS.values())
+    reasons |= set(s3.OBSTORE_PERMANENT.values()) | set(s3.OBSTORE_PERMANENT_STATUS.values())
     return reasons | _reasons_in_the_source()[0]
 
 

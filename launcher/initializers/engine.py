@@ -2,7 +2,7 @@
 
 On disk, inside the target directory:
 - ``<path>``: a file appears under its final name only complete and verified (written to
-  ``.trainer-launcher/parts/<id>.part``, fsynced, then renamed into place);
+  ``.trainer-launcher/parts/<id>.part``, made durable, then renamed into place);
 - ``.trainer-launcher/manifest.json``: what is complete (size, checksum, source version), plus
   ``manifest.journal``, one line appended per file as it completes (folded into the manifest at
   the end, so the cost per file stays constant). A rerun skips complete files without touching
@@ -10,6 +10,15 @@ On disk, inside the target directory:
   again;
 - ``.trainer-launcher/parts/<id>.part`` (+ ``.json``): a partial download, resumed with a Range
   request if the source version is still the same, after re-hashing what is already there.
+
+Durability, batched (see ``_Committer``): instead of an fsync per file, one ``syncfs`` of the
+target's file system per batch. A verified part is renamed into place only after a sync that
+followed its last write, and its journal line is written only after a sync that followed its
+rename, so a node crash leaves at worst parts, or files under their final names that the
+manifest does not list: both are fetched again, and nothing partial ever sits under a final name.
+
+Local sources (file://, a mounted volume) are copied by the kernel (``_copy_local``): Python
+never touches the bytes.
 """
 
 from __future__ import annotations
@@ -69,6 +78,16 @@ def permanent_os_error(error: OSError) -> str | None:
     return PERMANENT_ERRNOS.get(error.errno)
 
 
+def local_source_error(path: str, error: OSError) -> Exception:
+    """A source file on this machine that could not be read: gone is NotFound, what no retry
+    fixes is permanent, the rest transient."""
+    if isinstance(error, FileNotFoundError):
+        return PermanentError(f"{path} disappeared", "NotFound")
+    if reason := permanent_os_error(error):
+        return PermanentError(f"{path}: {error.strerror}", reason)
+    return TransientError(f"{path}: {error.strerror}")
+
+
 @dataclass(frozen=True)
 class RemoteFile:
     path: str  # relative, '/'-separated: where it lands under the target
@@ -85,6 +104,9 @@ class Source(Protocol):
 
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
         """Bytes [start, end) of the file (to its end when ``end`` is None), in chunks."""
+
+    # Optional: ``local_path(file) -> str | None``, a path this machine can open for the file's
+    # bytes; the engine then copies it with the kernel instead of calling read().
 
 
 @dataclass
@@ -106,17 +128,26 @@ def select(files: list[RemoteFile], allow: tuple[str, ...] | None, ignore: tuple
     return [f for f in files if (not allow or matches(f.path, allow)) and not (ignore and matches(f.path, ignore))]
 
 
-def safe_destination(target: str, relative: str) -> str:
-    """``target/relative``, refusing anything that would land outside ``target``."""
+def safe_destination(target: str, relative: str, _checked: dict[str, str] | None = None) -> str:
+    """``target/relative``, refusing anything that would land outside ``target``. ``_checked``
+    remembers directories already resolved (realpath costs a syscall per path component)."""
     if not relative or relative.startswith("/") or "\\" in relative or "\x00" in relative:
         raise PermanentError(f"refusing the unsafe path {relative!r}", "UnsafePath")
     parts = relative.split("/")
     if any(p in ("", ".", "..") for p in parts) or parts[0] == STATE_DIR:
         raise PermanentError(f"refusing the unsafe path {relative!r}", "UnsafePath")
     destination = os.path.join(target, *parts)
-    root = os.path.realpath(target)
-    if os.path.commonpath([root, os.path.realpath(os.path.dirname(destination))]) != root:
+    directory = os.path.dirname(destination)
+    if _checked is not None and directory in _checked:
+        return destination
+    root = _checked.get("") if _checked else None
+    if root is None:
+        root = os.path.realpath(target)
+    if os.path.commonpath([root, os.path.realpath(directory)]) != root:
         raise PermanentError(f"refusing {relative!r}: it resolves outside the target", "UnsafePath")
+    if _checked is not None:
+        _checked[""] = root
+        _checked[directory] = root
     return destination
 
 
@@ -156,21 +187,142 @@ class _Checksum:
         return self._hash.hexdigest() if self._hash is not None else None
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json(path: str, data: dict) -> None:
+def _write_json(path: str, data: dict, durable: bool = True) -> None:
     temporary = f"{path}.tmp{threading.get_ident()}"
     with open(temporary, "w") as handle:
         json.dump(data, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+def _syncfs(fd: int) -> None:
+    """Flush every dirty page and metadata change of the file system holding ``fd`` (one call
+    for a whole batch of files), or of every file system where syncfs(2) is missing."""
+    import ctypes  # only here: most commands never sync
+
+    syncfs = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+    if syncfs is not None:
+        if syncfs(fd) == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.ENOSYS, errno.EINVAL):
+            raise OSError(code, f"syncfs: {os.strerror(code)}")
+    os.sync()
+
+
+@dataclass
+class _Done:
+    """A verified part waiting to become durable, then renamed, then journaled."""
+    part: str
+    destination: str
+    meta: str | None  # its resume record, removed once the file is in place
+    path: str
+    entry: dict
+
+
+class _Committer:
+    """Durability in batches, on a thread of its own, so workers never wait on the disk.
+
+    Each round: one syncfs of the target's file system; then the journal lines of the files
+    renamed in the previous round (their renames are now durable), then the renames of the parts
+    queued before this sync (their bytes are now durable). Measured here on 500 x 64 KiB files,
+    an fsync per file, os.sync, fdatasync in 8 threads and syncfs cost about the same disk time
+    (0.07-0.13 s, noisy), so the gain is the workers' syscalls and waits; syncfs was the cheapest
+    and, unlike os.sync, does not flush the node's other volumes. A round starts every
+    ``batch_bytes`` too, so the disk writes back while the workers still copy: on 265 MB of
+    file://, 32 MiB rounds took the run from 0.84 s to 0.72 s (256 MiB: one sync at the end).
+    """
+
+    def __init__(self, target: str, journal, manifest: dict, interval: float = 0.5, batch_bytes: int = 32 << 20):
+        self._fd = os.open(target, os.O_RDONLY)
+        self._journal, self._manifest = journal, manifest
+        self._interval, self._batch_bytes = interval, batch_bytes
+        self._cond = threading.Condition()
+        self._written: list[_Done] = []
+        self._written_bytes = 0
+        self._renamed: list[_Done] = []
+        self._closing = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def add(self, done: _Done, size: int) -> None:
+        with self._cond:
+            if self.error is not None:
+                raise self.error
+            self._written.append(done)
+            self._written_bytes += size
+            if self._written_bytes >= self._batch_bytes:
+                self._cond.notify()
+
+    def close(self) -> None:
+        """Commit everything queued (also when the run failed: finished files are kept)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+        os.close(self._fd)
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closing or self._written_bytes >= self._batch_bytes,
+                                        self._interval)
+                    written, self._written, self._written_bytes = self._written, [], 0
+                    closing = self._closing
+                if written or self._renamed:
+                    _syncfs(self._fd)
+                    self._record(self._renamed)
+                    self._renamed = self._rename(written)
+                if closing:
+                    if self._renamed:
+                        _syncfs(self._fd)
+                        self._record(self._renamed)
+                    return
+        except BaseException as error:  # noqa: BLE001 - handed to the workers and to close()
+            with self._cond:
+                self.error = error
+
+    def _rename(self, batch: list[_Done]) -> list[_Done]:
+        for done in batch:
+            os.replace(done.part, done.destination)
+            if done.meta:
+                try:
+                    os.unlink(done.meta)
+                except FileNotFoundError:
+                    pass
+        return batch
+
+    def _record(self, batch: list[_Done]) -> None:
+        if not batch:
+            return
+        self._journal.write("".join(json.dumps({"path": d.path, **d.entry}) + "\n" for d in batch))
+        self._journal.flush()
+        for done in batch:
+            self._manifest[done.path] = done.entry
+
+
+# The kernel declines to copy between these two files this way: try the next way.
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ETXTBSY,
+                   errno.EBADF}
+_COPY_METHODS = ("copy_file_range", "sendfile", "pread/pwrite")
+
+
+def _identity(stat: os.stat_result) -> tuple:
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def _regular_size(path: str) -> int | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_size if stat.st_mode & 0o170000 == 0o100000 else None
 
 
 def _read_json(path: str) -> dict:
@@ -241,32 +393,43 @@ class Engine:
         self.parts = os.path.join(self.state, "parts")
         self.manifest_path = os.path.join(self.state, "manifest.json")
         self.journal_path = os.path.join(self.state, "manifest.journal")
-        self._lock = threading.Lock()
-        self._journal = None
+        self._committer: _Committer | None = None
         self._directories: set[str] = set()
+        self._parts_found: set[str] = set()  # part files present when the run began
+        self._copy_method: dict[tuple[int, int], int] = {}  # (source dev, target dev) -> first way that works
 
     def run(self, files: list[RemoteFile]) -> Summary:
         started = time.monotonic()
         os.makedirs(self.parts, exist_ok=True)
-        destinations = {f.path: safe_destination(self.target, f.path) for f in files}  # refuse before writing
+        checked: dict[str, str] = {}
+        destinations = {f.path: safe_destination(self.target, f.path, checked) for f in files}  # refuse before writing
         manifest = self._load_manifest()
         self._manifest = dict(manifest)
         summary = Summary(files=len(files))
         todo = []
         for file in files:
             entry = manifest.get(file.path)
-            destination = destinations[file.path]
-            if (entry and entry.get("version") == file.version and entry.get("size") == file.size
-                    and os.path.isfile(destination) and os.path.getsize(destination) == file.size):
+            if entry and entry.get("version") == file.version and entry.get("size") == file.size \
+                    and _regular_size(destinations[file.path]) == file.size:
                 summary.skipped += 1
             else:
                 todo.append(file)
         total = sum(f.size or 0 for f in todo)
-        self._journal = open(self.journal_path, "a")
+        self._parts_found = set(os.listdir(self.parts)) if todo else set()
+        journal = open(self.journal_path, "a")
+        self._committer = _Committer(self.target, journal, self._manifest)
         try:
-            summary = self._run(todo, destinations, summary, total)
+            try:
+                summary = self._run(todo, destinations, summary, total)
+            except BaseException:
+                try:  # keep what finished; the first failure is the one to report
+                    self._committer.close()
+                except Exception:  # noqa: BLE001
+                    pass
+                raise
+            self._committer.close()
         finally:
-            self._journal.close()
+            journal.close()
             self._fold_manifest()
         summary.seconds = time.monotonic() - started
         summary.paths = sorted(f.path for f in files)
@@ -305,9 +468,7 @@ class Engine:
         return files
 
     def _fold_manifest(self) -> None:
-        """Make the renames durable (one fsync per directory), then fold the journal in."""
-        for directory in self._directories:
-            _fsync_dir(directory)
+        """Fold the journal in (the committer already made every listed file durable)."""
         _write_json(self.manifest_path, {"files": self._manifest})
         os.unlink(self.journal_path)
 
@@ -315,7 +476,7 @@ class Engine:
         attempt = 0
         while True:
             try:
-                return self._fetch(file, destination, progress)
+                return self._fetch(file, destination, progress, attempt)
             except TransientError as error:
                 attempt += 1
                 if attempt > self.retries:
@@ -324,13 +485,22 @@ class Engine:
                 self.log(f"{file.path}: {error}; retrying in {delay:.1f}s ({attempt}/{self.retries})")
                 self.sleep(delay)
 
-    def _fetch(self, file: RemoteFile, destination: str, progress: Progress) -> int:
+    def _fetch(self, file: RemoteFile, destination: str, progress: Progress, attempt: int = 0) -> int:
         ident = hashlib.sha256(file.path.encode()).hexdigest()[:32]
         part = os.path.join(self.parts, f"{ident}.part")
         meta_path = f"{part}.json"
-        meta = _read_json(meta_path)
-        same_source = (os.path.exists(part) and meta.get("version") == file.version
+        # A small file on a first attempt with no part left by an earlier run: no syscall to ask.
+        has_part = os.path.exists(part) if attempt else f"{ident}.part" in self._parts_found
+        meta = _read_json(meta_path) if has_part else {}
+        same_source = (has_part and meta.get("version") == file.version
                        and meta.get("path") == file.path and self.source.supports_range)
+        local_path = getattr(self.source, "local_path", None)
+        local = local_path(file) if local_path is not None else None
+        if local is not None:
+            start, resumed, has_meta = self._copy_local(file, local, part, meta_path, meta if same_source else {},
+                                                        progress)
+            return self._commit(file, part, meta_path if has_meta or meta else None,
+                                _Checksum(None, file.size), start, destination, progress, resumed)
         if file.size is not None and file.size >= self.ranged_min and self.source.supports_range:
             resumed = self._fetch_ranges(file, part, meta_path, meta if same_source else {}, progress)
             checksum = _Checksum(file.checksum[0] if file.checksum else None, file.size)
@@ -345,7 +515,10 @@ class Engine:
             if start > file.size:
                 os.unlink(part)
             raise TransientError(f"got {start} of {file.size} bytes")
-        return self._commit(file, part, meta_path, checksum, start, destination, progress, resumed)
+        ranged = file.size is not None and file.size >= self.ranged_min and self.source.supports_range
+        wrote_meta = ranged or file.size is None or file.size > self.chunk_size  # as the fetches decide
+        return self._commit(file, part, meta_path if meta or wrote_meta else None, checksum, start,
+                            destination, progress, resumed)
 
     def _fetch_stream(self, file: RemoteFile, part: str, meta_path: str, same_source: bool, progress: Progress):
         """One sequential stream, resumed from the end of a partial file of the same version."""
@@ -359,7 +532,7 @@ class Engine:
             if file.size is not None and start > file.size:
                 start, checksum = 0, _Checksum(file.checksum[0] if file.checksum else None, file.size)
         elif file.size is None or file.size > self.chunk_size:  # worth resuming: remember the version
-            _write_json(meta_path, {"path": file.path, "version": file.version})
+            _write_json(meta_path, {"path": file.path, "version": file.version}, durable=False)
         resumed = start
         complete = file.size is not None and start >= file.size  # all there: only verify
         with open(part, "ab" if start else "wb") as out:
@@ -372,9 +545,6 @@ class Engine:
             except CorruptDataError:
                 os.unlink(part)
                 raise
-            finally:
-                out.flush()
-                os.fsync(out.fileno())
         return start, checksum, resumed
 
     def _fetch_ranges(self, file: RemoteFile, part: str, meta_path: str, meta: dict, progress: Progress) -> int:
@@ -410,7 +580,6 @@ class Engine:
             with ThreadPoolExecutor(min(self.concurrency, max(len(todo), 1))) as pool:
                 for future in [pool.submit(fetch, offset) for offset in todo]:
                     future.result()
-            os.fsync(fd)
         except CorruptDataError:
             os.unlink(part)
             raise
@@ -418,8 +587,9 @@ class Engine:
             os.close(fd)
         return resumed
 
-    def _commit(self, file: RemoteFile, part: str, meta_path: str, checksum: _Checksum, start: int,
+    def _commit(self, file: RemoteFile, part: str, meta_path: str | None, checksum: _Checksum, start: int,
                 destination: str, progress: Progress, resumed: int) -> int:
+        """Verified: hand the part to the committer, which renames it once its bytes are durable."""
         digest = checksum.hexdigest()
         if file.checksum and digest != file.checksum[1]:
             os.unlink(part)
@@ -427,17 +597,85 @@ class Engine:
         directory = os.path.dirname(destination)
         if directory not in self._directories:
             os.makedirs(directory, exist_ok=True)
-        os.replace(part, destination)
-        try:
-            os.unlink(meta_path)
-        except FileNotFoundError:
-            pass
+            self._directories.add(directory)
         entry = {"size": start, "version": file.version,
                  "checksum": f"{file.checksum[0]}:{file.checksum[1]}" if file.checksum else None}
-        with self._lock:
-            self._directories.add(directory)
-            self._manifest[file.path] = entry
-            self._journal.write(json.dumps({"path": file.path, **entry}) + "\n")
-            self._journal.flush()
+        self._committer.add(_Done(part, destination, meta_path, file.path, entry), start)
         progress.add(files=1)
         return resumed
+
+    def _copy_local(self, file: RemoteFile, source_path: str, part: str, meta_path: str, meta: dict,
+                    progress: Progress) -> tuple[int, int, bool]:
+        """Copy a file this machine can open with the kernel: Python never touches the bytes.
+
+        file:// has no published checksum, so the check is on the source instead: its identity
+        (device, inode, size, mtime_ns, ctime_ns) is taken before the copy and again after it,
+        from the open descriptor and from the path; the copy must have the size seen before. A
+        source written, truncated or replaced meanwhile fails the check: the part is dropped and
+        the copy is a TransientError, tried again from scratch. A part is resumed from its size
+        only when its record names the same source identity. Limit: a write landing within the
+        file system's timestamp granularity of the first stat and changing neither size nor
+        inode is not seen (rsync's quick check has the same limit).
+
+        Returns (bytes in the part, bytes resumed, whether a resume record exists)."""
+        try:
+            source = os.open(source_path, os.O_RDONLY)
+        except OSError as error:
+            raise local_source_error(source_path, error) from None
+        try:
+            before = _identity(os.fstat(source))
+            size = before[2]
+            if file.size is not None and size != file.size:
+                raise TransientError(f"changed since it was listed ({size} bytes, listed {file.size})")
+            start = 0
+            if meta and meta.get("source") == list(before):
+                start = os.path.getsize(part)
+                if start > size:
+                    start = 0
+            has_meta = bool(meta)
+            if not start and size > self.chunk_size:  # worth resuming: remember which source it is
+                _write_json(meta_path, {"path": file.path, "version": file.version, "source": list(before)},
+                            durable=False)
+                has_meta = True
+            out = os.open(part, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC), 0o666)
+            try:
+                end = self._kernel_copy(source, out, start, size, progress)
+            finally:
+                os.close(out)
+            if end != size or _identity(os.fstat(source)) != before or _identity(os.stat(source_path)) != before:
+                os.unlink(part)
+                raise TransientError(f"{source_path} changed while it was copied")
+            return end, start, has_meta
+        finally:
+            os.close(source)
+
+    def _kernel_copy(self, source: int, out: int, position: int, end: int, progress: Progress) -> int:
+        """copy_file_range in chunks (progress moves; the file system may reflink or copy on the
+        server side), else sendfile, else pread/pwrite: whichever the kernel accepts first for
+        this pair of file systems is remembered."""
+        devices = (os.fstat(source).st_dev, os.fstat(out).st_dev)
+        method = self._copy_method.get(devices, 0 if hasattr(os, "copy_file_range") else 1)
+        while position < end:
+            count = min(self.chunk_size, end - position)
+            try:
+                if method == 0:
+                    copied = os.copy_file_range(source, out, count, position, position)
+                elif method == 1:
+                    os.lseek(out, position, os.SEEK_SET)
+                    copied = os.sendfile(out, source, position, count)
+                else:
+                    copied = os.pwrite(out, os.pread(source, count, position), position)
+            except OSError as error:
+                if method < 2 and error.errno in _NO_KERNEL_COPY:
+                    method += 1
+                    self._copy_method[devices] = method
+                    continue
+                raise
+            if copied == 0:  # some file systems answer 0 instead of an error: try the next way
+                if method == 2:
+                    break  # the source is shorter than it was: the identity check tells
+                method += 1
+                continue
+            position += copied
+            progress.add(copied)
+        return position

@@ -11,6 +11,7 @@ from launcher.core import log, settings, workspace
 from launcher.initializers.engine import (
     Engine, PermanentError, Summary, TransientError, permanent_os_error, safe_destination, select,
 )
+from launcher.initializers import lease
 from launcher.initializers.uri import StorageUri, parse_storage_uri
 from launcher.core.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome, terminated
 from launcher.core.report import deliver, run_command
@@ -32,15 +33,21 @@ def run_init(kind: str, launcher_overrides: dict[str, Override], init_overrides:
         target = os.path.abspath(init.output_path or TARGETS[kind])
         workspace.warn_if_unwritable(target)
         signal.signal(signal.SIGTERM, lambda *_: _stop(signal.SIGTERM, launcher))
-        return _initialize(kind, uri, target, init)
+        return _initialize(kind, uri, target, init, lambda why: _end(Outcome(TRANSIENT, "LeaseLost", why), launcher))
 
     return run_command(launcher_overrides, body)
 
 
 def _stop(signum: int, launcher: LauncherSettings) -> None:
-    """Partial files stay in the parts directory, to be resumed; nothing half-written is final."""
-    code = deliver(terminated(signum), launcher.termination_log, launcher.retryable_exit_codes)
-    os._exit(code)
+    """Partial files stay in the parts directory, to be resumed; nothing half-written is final.
+    The lease is released, so an initializer waiting for it goes on without waiting out its TTL."""
+    lease.release_held()
+    _end(terminated(signum), launcher)
+
+
+def _end(outcome: Outcome, launcher: LauncherSettings) -> None:
+    """End now, from a signal handler or the lease's heartbeat thread, with ``outcome``."""
+    os._exit(deliver(outcome, launcher.termination_log, launcher.retryable_exit_codes))
 
 
 def _source(kind: str, uri: StorageUri, init: InitSettings):
@@ -57,22 +64,29 @@ def _source(kind: str, uri: StorageUri, init: InitSettings):
     return sources.HubSource(uri, "dataset" if kind == "dataset" else "model", init.access_token, init.revision)
 
 
-def _initialize(kind: str, uri: StorageUri, target: str, init: InitSettings) -> Outcome:
+def _initialize(kind: str, uri: StorageUri, target: str, init: InitSettings, on_lost) -> Outcome:
     ignore = init.ignore_patterns if init.ignore_patterns is not None else (MODEL_DEFAULT_IGNORE if kind == "model" else None)
     try:
         os.makedirs(target, exist_ok=True)
-        source = _source(kind, uri, init)
-        listed = source.list()
-        files = select(listed, init.allow_patterns, ignore)
-        log.info(f"init {kind}: {uri.shown} -> {target}: {len(files)} of {len(listed)} files, "
-                 f"{sum(f.size or 0 for f in files) / 1e6:.1f} MB")
-        summary = Engine(source, target, init.concurrency, init.chunk_size, init.retries, log.info,
-                         ranged_min=init.ranged_min).run(files)
-        if init.extract and uri.scheme in ("https", "http") and files and files[0].path.endswith(ARCHIVES):
-            extract(os.path.join(target, files[0].path), target)
+        with lease.hold(target, init.lease_ttl, init.lease_wait, log.info, on_lost):
+            summary = _download(kind, uri, target, init, ignore)
     except (PermanentError, TransientError, OSError) as error:
         return failure_outcome(error, uri, target)
     return Outcome(0, "Succeeded", _said(summary, uri, target), extra={"uri": uri.shown})
+
+
+def _download(kind: str, uri: StorageUri, target: str, init: InitSettings, ignore) -> Summary:
+    """Under the target's lease: one writer at a time (a second one finds the files complete)."""
+    source = _source(kind, uri, init)
+    listed = source.list()
+    files = select(listed, init.allow_patterns, ignore)
+    log.info(f"init {kind}: {uri.shown} -> {target}: {len(files)} of {len(listed)} files, "
+             f"{sum(f.size or 0 for f in files) / 1e6:.1f} MB")
+    summary = Engine(source, target, init.concurrency, init.chunk_size, init.retries, log.info,
+                     ranged_min=init.ranged_min).run(files)
+    if init.extract and uri.scheme in ("https", "http") and files and files[0].path.endswith(ARCHIVES):
+        extract(os.path.join(target, files[0].path), target)
+    return summary
 
 
 def failure_outcome(error: PermanentError | TransientError | OSError, uri: StorageUri, target: str) -> Outcome:
@@ -82,8 +96,8 @@ def failure_outcome(error: PermanentError | TransientError | OSError, uri: Stora
     extra = {"uri": uri.shown}
     if isinstance(error, PermanentError):
         return Outcome(CONFIG_ERROR, error.reason, f"{uri.shown}: {error}", extra=extra)
-    if isinstance(error, TransientError):
-        return Outcome(TRANSIENT, "StorageUnavailable", f"{uri.shown}: {error}", extra=extra)
+    if isinstance(error, TransientError):  # LeaseTimeout names its own reason
+        return Outcome(TRANSIENT, getattr(error, "reason", "StorageUnavailable"), f"{uri.shown}: {error}", extra=extra)
     where = error.filename if isinstance(error.filename, str) else target
     said = f"{where}: {error.strerror or error}"
     if reason := permanent_os_error(error):

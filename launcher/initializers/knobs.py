@@ -16,4 +16,10 @@ INIT_KNOBS: dict[str, Knob] = {
     "ranged_min": Knob("LAUNCHER_INIT_RANGED_MIN", "--ranged-min",
                        "files this big (bytes) are fetched as parallel byte ranges (default 64 MiB)"),
     "extract": Knob("LAUNCHER_INIT_EXTRACT", "--extract", "https: extract a .tar.gz/.tgz/.zip into the target (1/0)"),
+    "lease_ttl": Knob("LAUNCHER_INIT_LEASE_TTL", "--lease-ttl",
+                      "one initializer writes a target at a time, holding a lease in it that it renews every "
+                      "TTL/3; another takes it over once it goes unrenewed this long (default 60s)"),
+    "lease_wait": Knob("LAUNCHER_INIT_LEASE_WAIT", "--lease-wait",
+                       "how long to wait for another initializer's live lease on the target before exiting "
+                       "retryably (138); default 2h, 0: no limit"),
 }

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
 from launcher.initializers.engine import CorruptDataError, PermanentError, RemoteFile, TransientError
@@ -25,6 +27,15 @@ BOTOCORE_PERMANENT: dict[str, str] = {
     "InvalidRegionError": "ConfigError",
     "ParamValidationError": "ConfigError",
 }
+# obstore's errors (the body path) that no retry fixes, by class, then by HTTP status.
+OBSTORE_PERMANENT: dict[str, str] = {
+    "FileNotFoundError": "NotFound",  # obstore's NotFoundError
+    "NotFoundError": "NotFound",
+    "PermissionDeniedError": "AuthFailed",
+    "UnauthenticatedError": "AuthFailed",
+    "UnknownConfigurationKeyError": "ConfigError",
+}
+OBSTORE_PERMANENT_STATUS: dict[int, str] = {401: "AuthFailed", 403: "AuthFailed", 404: "NotFound"}
 _NO_CREDENTIALS = "no credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY (or ROLE_ARN)"
 
 
@@ -54,6 +65,10 @@ class S3Source:
                                             aws_secret_access_key=creds["SecretAccessKey"],
                                             aws_session_token=creds["SessionToken"], region_name=region or "us-east-1")
         self.client = session.client("s3", endpoint_url=settings.endpoint, config=config)
+        self._session, self._endpoint, self._region = session, settings.endpoint, region or "us-east-1"
+        self._ca_bundle = settings.ca_bundle
+        self._store = None
+        self._store_lock = threading.Lock()
 
     @staticmethod
     def _call(function, what: str):
@@ -121,22 +136,94 @@ class S3Source:
         return (f"s3-multipart:{part_size}", etag) if part_size else None
 
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
-        from botocore.exceptions import BotoCoreError
+        """The bytes come through obstore (Rust): boto3's per-request and per-chunk Python cost was
+        this source's limit (bench/bench_init.py: client CPU per GB, and the ratio to s5cmd)."""
+        store = self._body_store()
+        import obstore
 
-        extra = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
-        response = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=file.key, **extra),
-                              f"get {file.key}")
-        body = response["Body"]
+        options = {"range": (start, end)} if end is not None else {"range": {"offset": start}} if start else {}
+        what = f"get {file.key}"
         try:
-            while True:
-                try:
-                    chunk = body.read(chunk_size)
-                except (BotoCoreError, OSError) as error:
-                    if "Checksum" in type(error).__name__:
-                        raise CorruptDataError(f"{file.key}: the response failed its checksum") from None
-                    raise TransientError(f"{file.key}: connection lost mid-body ({type(error).__name__})") from None
-                if not chunk:
-                    return
-                yield chunk
-        finally:
-            body.close()
+            stream = obstore.get(store, file.key, options=options).stream(min_chunk_size=chunk_size)
+        except Exception as error:  # noqa: BLE001 - sorted below, never re-raised as is
+            raise _obstore_error(error, what) from None
+        while True:
+            try:
+                chunk = next(stream)
+            except StopIteration:
+                return
+            except Exception as error:  # noqa: BLE001 - a broken body: the engine retries or resumes
+                raise TransientError(f"{file.key}: connection lost mid-body ({type(error).__name__})") from None
+            yield chunk
+
+    def _body_store(self):
+        """obstore's client for the bodies, built on the first read and shared by the engine's
+        threads. boto3 stays the authority for credentials (every chain it knows, and the STS
+        role), the listing and the multipart part size: that is where its breadth matters and its
+        cost does not."""
+        with self._store_lock:
+            if self._store is None:
+                from obstore.store import S3Store
+
+                options = {"connect_timeout": "10s", "read_timeout": "60s", "timeout": "24h",
+                           "allow_http": bool(self._endpoint and self._endpoint.startswith("http://")),
+                           **self._as_boto3_would_connect()}
+                # A few quick retries inside a request; the engine's own backoff covers the rest.
+                retry = {"max_retries": 2, "retry_timeout": timedelta(seconds=30),
+                         "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2),
+                                     "base": 2}}
+                where = {"endpoint": self._endpoint, "virtual_hosted_style_request": False} if self._endpoint else {}
+                credentials = self._session.get_credentials()
+                signing = {"credential_provider": _Credentials(credentials)} if credentials else {"skip_signature": True}
+                self._store = S3Store(self.bucket, region=self._region, client_options=options, retry_config=retry,
+                                      **where, **signing)
+        return self._store
+
+
+    def _as_boto3_would_connect(self) -> dict:
+        """The environment boto3 honours for its connections: HTTP(S)_PROXY with NO_PROXY, and
+        AWS_CA_BUNDLE (a private CA in front of MinIO or Ceph)."""
+        from urllib.parse import urlsplit
+        from urllib.request import getproxies, proxy_bypass
+
+        where = urlsplit(self._endpoint or f"https://{self.bucket}.s3.{self._region}.amazonaws.com")
+        options = {}
+        proxies = getproxies()
+        if proxies.get(where.scheme) and not proxy_bypass(where.hostname or ""):
+            options["proxy_url"] = proxies[where.scheme]
+        if self._ca_bundle:
+            try:
+                with open(self._ca_bundle) as handle:
+                    options["root_certificate"] = handle.read()
+            except OSError as error:
+                raise PermanentError(f"AWS_CA_BUNDLE={self._ca_bundle}: {error.strerror}", "ConfigError") from None
+        return options
+
+
+class _Credentials:
+    """boto3's credentials handed to obstore: refreshable ones (STS, web identity, instance
+    metadata) are asked again every few minutes, and boto3 renews them before they expire."""
+
+    def __init__(self, credentials):
+        self._credentials = credentials
+
+    def __call__(self) -> dict:
+        frozen = self._credentials.get_frozen_credentials()
+        refreshable = hasattr(self._credentials, "refresh_needed")
+        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key, "token": frozen.token,
+                "expires_at": datetime.now(timezone.utc) + timedelta(minutes=5) if refreshable else None}
+
+
+def _obstore_error(error: Exception, what: str) -> Exception:
+    """obstore's error, sorted like boto3's: its text names the URL and the server's reply, so
+    only the class and the HTTP status are kept."""
+    name = type(error).__name__
+    status = re.search(r"\b([1-5]\d\d) [A-Z][A-Za-z ]+", str(error))
+    code = int(status.group(1)) if status else 0
+    if code == 416:
+        return CorruptDataError(f"{what}: the partial file is longer than the object")
+    if reason := OBSTORE_PERMANENT.get(name) or OBSTORE_PERMANENT_STATUS.get(code):
+        return PermanentError(f"{what}: {name}{f' (HTTP {code})' if code else ''}", reason)
+    if code and code < 500 and code != 429:
+        return PermanentError(f"{what}: HTTP {code}", "StorageError")
+    return TransientError(f"{what}: {name}{f' (HTTP {code})' if code else ''}")

@@ -6,7 +6,7 @@ import os
 from typing import Iterator
 from urllib.parse import quote
 
-from launcher.initializers.engine import PermanentError, RemoteFile, TransientError, permanent_os_error
+from launcher.initializers.engine import PermanentError, RemoteFile, TransientError, local_source_error
 from launcher.initializers.http import get_range, open_url
 from launcher.initializers.uri import StorageUri
 
@@ -37,6 +37,10 @@ class FileSource:
         stat = os.stat(path)
         return RemoteFile(relative, stat.st_size, None, f"{stat.st_mtime_ns}:{stat.st_size}", path)
 
+    def local_path(self, file: RemoteFile) -> str | None:
+        """The engine copies it with the kernel (copy_file_range/sendfile), not through read()."""
+        return file.key
+
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
         try:
             with open(file.key, "rb") as handle:
@@ -46,12 +50,8 @@ class FileSource:
                     if left is not None:
                         left -= len(chunk)
                     yield chunk
-        except FileNotFoundError:
-            raise PermanentError(f"{file.key} disappeared", "NotFound") from None
         except OSError as error:
-            if reason := permanent_os_error(error):
-                raise PermanentError(f"{file.key}: {error.strerror}", reason) from None
-            raise TransientError(f"{file.key}: {error.strerror}") from None
+            raise local_source_error(file.key, error) from None
 
 
 class HttpsSource:

@@ -1,0 +1,89 @@
+"""s3:// bodies through obstore (Rust), the rest through boto3, against a real moto server and the
+real fault proxy: which client asks for what, and how the native client's errors are sorted into
+the one exit table."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from test_init_storage import files_under, init, termination
+
+DATA = {"corpus/a.bin": os.urandom(300_000), "corpus/sub/b.bin": os.urandom(5_000), "corpus/c.txt": b"c\n"}
+
+
+@pytest.fixture(scope="module")
+def corpus(s3_server):
+    name = s3_server.make_bucket("native")
+    for key, data in DATA.items():
+        s3_server.put(name, key, data)
+    return name
+
+
+SECRET = "n4tive-s3cret-never-printed"  # this moto checks no signature: any secret is accepted
+
+
+def env(server, endpoint, **extra):
+    return {"STORAGE_URI": "s3://native/corpus", "ENDPOINT": endpoint, "ACCESS_KEY_ID": server.access_key_id,
+            "SECRET_ACCESS_KEY": SECRET, **extra}
+
+
+def test_bodies_come_through_the_native_client_and_the_listing_through_boto3(s3_server, corpus, fault_proxy, tmp_path):
+    proxy = fault_proxy(s3_server.endpoint)
+    out = tmp_path / "out"
+    result = init("dataset", env(s3_server, proxy.endpoint), out)
+    assert result.returncode == 0, result.stderr
+    assert files_under(out) == {k.removeprefix("corpus/"): v for k, v in DATA.items()}
+    bodies = [agent for method, path, agent in proxy.agents if method == "GET" and "list-type" not in path]
+    listings = [agent for method, path, agent in proxy.agents if "list-type" in path]
+    assert len(bodies) == len(DATA) and all(agent.startswith("object_store") for agent in bodies), bodies
+    assert listings and all("Boto3" in agent for agent in listings), listings
+
+
+@pytest.mark.parametrize(("status", "code", "reason"), [
+    (403, 2, "AuthFailed"), (404, 2, "NotFound"), (400, 2, "StorageError"), (503, 138, "StorageUnavailable"),
+])
+def test_a_body_get_the_server_refuses_is_sorted_by_the_exit_table(s3_server, corpus, fault_proxy, tmp_path,
+                                                                    status, code, reason):
+    """The listing works; the body GET of one object is answered ``status`` every time."""
+    proxy = fault_proxy(s3_server.endpoint)
+    proxy.inject("*/corpus/a.bin", "fail", times=None, method="GET", status=status)
+    out = tmp_path / "out"
+    result = init("dataset", env(s3_server, proxy.endpoint, LAUNCHER_INIT_RETRIES="1"), out)
+    assert result.returncode == code, result.stderr
+    message = termination(out)
+    assert (message["reason"], message["retryable"]) == (reason, code == 138)
+    assert "a.bin" in message["message"] and SECRET not in result.stderr + str(message)
+    assert not (out / "a.bin").exists()
+
+
+def test_a_reset_mid_body_is_resumed_from_where_it_broke(s3_server, corpus, fault_proxy, tmp_path):
+    proxy = fault_proxy(s3_server.endpoint)
+    proxy.inject("*/corpus/a.bin", "drop_after", times=1, n_bytes=100_000)
+    out = tmp_path / "out"
+    result = init("dataset", env(s3_server, proxy.endpoint, LAUNCHER_INIT_CHUNK_SIZE="65536"), out)
+    assert result.returncode == 0, result.stderr
+    assert (out / "a.bin").read_bytes() == DATA["corpus/a.bin"]
+    ranges = [rng for method, path, rng in proxy.requests if method == "GET" and path.endswith("/a.bin")]
+    assert len(ranges) == 2 and ranges[0] is None and ranges[1] and ranges[1].startswith("bytes="), ranges
+
+
+def test_an_http_proxy_from_the_environment_carries_the_bodies_too(s3_server, corpus, fault_proxy, tmp_path):
+    """boto3 honours HTTP_PROXY; the native client must not go around it. The fault proxy forwards
+    absolute-form requests, so it stands in for a forward proxy."""
+    proxy = fault_proxy(s3_server.endpoint)
+    out = tmp_path / "out"
+    result = init("dataset", env(s3_server, s3_server.endpoint, HTTP_PROXY=proxy.endpoint, http_proxy=proxy.endpoint,
+                                 NO_PROXY="", no_proxy=""), out)
+    assert result.returncode == 0, result.stderr
+    assert files_under(out) == {k.removeprefix("corpus/"): v for k, v in DATA.items()}
+    bodies = [agent for method, path, agent in proxy.agents if method == "GET" and "list-type" not in path]
+    assert len(bodies) == len(DATA) and all(agent.startswith("object_store") for agent in bodies), proxy.agents
+
+
+def test_an_unreadable_ca_bundle_is_one_permanent_line(s3_server, corpus, tmp_path):
+    out = tmp_path / "out"
+    result = init("dataset", env(s3_server, s3_server.endpoint, AWS_CA_BUNDLE=str(tmp_path / "missing.pem")), out)
+    assert result.returncode == 2, result.stderr
+    assert "AWS_CA_BUNDLE=" in result.stderr and "missing.pem" in result.stderr and "Traceback" not in result.stderr, result.stderr
