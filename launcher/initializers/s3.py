@@ -218,7 +218,7 @@ def _obstore_error(error: Exception, what: str) -> Exception:
     """obstore's error, sorted like boto3's: its text names the URL and the server's reply, so
     only the class and the HTTP status are kept."""
     name = type(error).__name__
-    status = re.search(r"\b([1-5]\d\d) [A-Z][A-Za-z ]+", str(error))
+    status = re.search(r"status code: ([1-5]\d\d)\b", str(error))
     code = int(status.group(1)) if status else 0
     if code == 416:
         return CorruptDataError(f"{what}: the partial file is longer than the object")
