@@ -310,7 +310,6 @@ class _Committer:
 # The kernel declines to copy between these two files this way: try the next way.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ETXTBSY,
                    errno.EBADF}
-_COPY_METHODS = ("copy_file_range", "sendfile", "pread/pwrite")
 
 
 def _identity(stat: os.stat_result) -> tuple:

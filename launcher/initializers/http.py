@@ -157,27 +157,15 @@ def get_range(url: str, headers: dict[str, str], start: int, chunk_size: int, wh
     if buffer is None or len(buffer) != chunk_size:
         buffer = bytearray(chunk_size)
     view = memoryview(buffer)
-    skip = start if start and response.status != 206 else 0
-    left = None if end is None else end - start
     finished = False
     try:
-        while left is None or left > 0:
-            try:
-                n = response.readinto(view)
-            except (OSError, http.client.HTTPException) as error:
-                raise TransientError(f"{what}: connection lost mid-body ({type(error).__name__})") from None
-            if not n:
-                break
-            chunk = view[:n]
-            if skip:
-                cut = min(skip, n)
-                chunk, skip = chunk[cut:], skip - cut
-            if left is not None and len(chunk) > left:
-                chunk = chunk[:left]
-            if chunk:
-                if left is not None:
-                    left -= len(chunk)
-                yield chunk
+
+        def chunks() -> Iterator[memoryview]:
+            while n := _read_body(response.readinto, view, what):
+                yield view[:n]
+
+        yield from _window(chunks(), start if start and response.status != 206 else 0,
+                           None if end is None else end - start)
         finished = True
     finally:
         _local.buffer = buffer
@@ -188,27 +176,37 @@ def get_range(url: str, headers: dict[str, str], start: int, chunk_size: int, wh
 
 
 def _get_range_urllib(url, request_headers, start, what, credentials, end, chunk_size) -> Iterator[bytes]:
-    left = None if end is None else end - start
     response = open_url(url, request_headers, what=what, credentials=credentials)
     try:
-        skip = start if start and response.status != 206 else 0
-        while True:
-            try:
-                chunk = response.read(chunk_size)
-            except (OSError, http.client.HTTPException) as error:
-                raise TransientError(f"{what}: connection lost mid-body ({type(error).__name__})") from None
-            if not chunk:
-                return
-            if skip:
-                cut = min(skip, len(chunk))
-                chunk, skip = chunk[cut:], skip - cut
-                if not chunk:
-                    continue
-            if left is not None:
-                chunk, left = chunk[:left], left - min(left, len(chunk))
-            if chunk:
+
+        def chunks() -> Iterator[bytes]:
+            while chunk := _read_body(response.read, chunk_size, what):
                 yield chunk
-            if left == 0:
-                return
+
+        yield from _window(chunks(), start if start and response.status != 206 else 0,
+                           None if end is None else end - start)
     finally:
         response.close()
+
+
+def _read_body(read, argument, what: str):
+    """One read of a response body; a broken connection is transient."""
+    try:
+        return read(argument)
+    except (OSError, http.client.HTTPException) as error:
+        raise TransientError(f"{what}: connection lost mid-body ({type(error).__name__})") from None
+
+
+def _window(chunks: Iterator, skip: int, left: int | None) -> Iterator:
+    """Bytes [skip, skip + left) of ``chunks``: a server that ignored Range sent the start too."""
+    for chunk in chunks:
+        if skip:
+            cut = min(skip, len(chunk))
+            chunk, skip = chunk[cut:], skip - cut
+        if left is not None:
+            chunk = chunk[:left]
+            left -= len(chunk)
+        if chunk:
+            yield chunk
+        if left == 0:
+            return
