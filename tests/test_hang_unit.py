@@ -160,3 +160,17 @@ def test_the_rank_outside_the_collective_is_named_when_every_rank_reported_the_s
     assert waiting_on_others([waiting], hang).stopped_ranks == ()
     # What progress already told wins.
     assert waiting_on_others([waiting, stopped], Hang(12.0, 5, (0,), False)).stopped_ranks == (0,)
+
+
+def test_a_rank_in_a_compiled_collective_is_known_by_the_source_line_it_waits_on(tmp_path):
+    """mpi4py's calls are compiled: the innermost Python frame is the program's own line, and
+    that line (read from the file) says it calls a collective."""
+    program = tmp_path / "train.py"
+    program.write_text("def load_batch():\n    while True: pass\n\ntotal = comm.allreduce(step)\nload_batch()\n")
+    hang = Hang(12.0, 5, (), False)
+    waiting = _stacks(0, (f"{program}:4 in <module>",))
+    stopped = _stacks(1, (f"{program}:2 in load_batch", f"{program}:5 in <module>"))
+    assert waiting_on_others([waiting, stopped], hang).stopped_ranks == (1,)
+    # Where the file cannot be read, nothing is guessed.
+    gone = _stacks(0, (f"{tmp_path}/elsewhere.py:4 in <module>",))
+    assert waiting_on_others([gone, stopped], hang).stopped_ranks == ()

@@ -826,3 +826,17 @@ def test_ranks_that_report_their_failures_get_the_report_address_exported(ssh_di
     exported = (pairs(plan.argv) if impl.flavor == "openmpi" else
                 [("-x", n) for n in plan.argv[plan.argv.index("-genvlist") + 1].split(",")])
     assert (("-x", "TRAINER_LAUNCHER_RANK_REPORT") in exported) is reports
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("watch", [True, False], ids=["hang-timeout", "no-hang-timeout"])
+def test_with_hang_detection_the_workers_ranks_get_the_stacks_hook_and_the_board(ssh_dir, impl, watch):
+    """The ranks on the workers' pods need the hook on their PYTHONPATH and the board's address,
+    both set when the job starts (launcher.status.board); without the knob, nothing is added."""
+    environ = {k: v for k, v in PLAN_ENVIRON.items() if k != "PYTHONPATH"}
+    plan = plan_mpi(mpi_settings(), impl, UNIFORM, list(PROGRAM), environ, facts(), watch_hangs=watch)
+    exported = (pairs(plan.argv) if impl.flavor == "openmpi" else
+                [("-x", n) for n in plan.argv[plan.argv.index("-genvlist") + 1].split(",")])
+    for name in ("PYTHONPATH", "TRAINER_LAUNCHER_STACKS_BOARD"):
+        assert (("-x", name) in exported) is watch
+        assert name not in plan.env_set

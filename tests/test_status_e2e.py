@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, Job, clean_env, launcher, wait_for
-from test_mpi import launcher_role, mpi  # noqa: F401 (the fixture: every MPI installed)
+from test_mpi import launcher_role, mpi, needs_cluster  # noqa: F401 (the fixture: every MPI installed)
 
 PROGRAM = str(REPO / "tests" / "programs" / "progress_job.py")
 
@@ -228,3 +228,25 @@ def test_without_a_hang_timeout_a_hung_job_is_left_alone(tmp_path):
     job.signal(signal.SIGTERM)
     assert job.wait(60) == 143
     assert "Hang" not in job.stderr
+
+
+@needs_cluster
+def test_an_mpi_hang_on_the_workers_ends_as_a_hang_with_the_stacks_of_the_ranks_there(mpi, tmp_path):
+    """Every rank runs on a worker pod, which the launcher pod cannot signal: each answers the
+    launcher's stack board over the job's network instead (launcher.status.board). Rank 0's
+    progress reaches the launcher through mpirun's output; rank 1 stops joining the all-reduce."""
+    program = str(REPO / "tests" / "programs" / "mpi_hang.py")
+    argv = launcher("local", "--mpi", mpi["name"], "--nnodes", "2", "--nproc-per-node", "1", "--mpirun", mpi["mpirun"],
+                    "--hang-timeout", "8", "--grace-period", "3", "--", program)
+    job = Job(argv, {**mpi["env"], "HANG_AT": "4"}, tmp_path)
+    assert job.wait(180) == 138, job.stderr
+    message = job.termination()
+    assert message["reason"] == "Hang" and message["retryable"] is True, message
+    stacks = message["hang"]["stacks"]
+    assert sorted(stacks) == ["0", "1"], message  # both ranks answered, from their pods
+    assert any("stuck_forever" in frame for frame in stacks["1"]), stacks
+    assert "[stacks rank 1] pid" in job.stderr and " on local-node-0-1" in job.stderr
+    # mpi4py's all-reduce shows no Python frame: rank 0's source line says it waits in one.
+    assert message["hang"]["stoppedRanks"] == [1], message
+    assert message["rootCause"]["rank"] == 1 and message["rootCause"]["node"] == "local-node-0-1", message
+    assert "rank 1 on local-node-0-1 in mpi_hang.py:12 in stuck_forever" in message["message"], message

@@ -36,12 +36,14 @@ def supervise(
     env: dict[str, str] | None = None,
     find_root_cause: RootCauseFinder | None = None,
     reports_status: bool | None = None,
+    board_at: tuple[int, str] | None = None,
 ) -> Outcome:
     """Run ``command`` under the supervisor and classify how it ended. ``find_root_cause`` may
     refine the root cause from the command's output (mpirun names the rank that failed).
     ``reports_status``: watch the job's progress (launcher.status.monitor), and send the TrainJob's
     status when True; None: a daemon (sshd), nothing to watch. The ranks may run in other pods
-    (mpirun's), so their status URL is left alone."""
+    (mpirun's), so their status URL is left alone; ``board_at`` is where those ranks reach this
+    pod, to answer a hang with their stacks (launcher.status.board)."""
     host = settings.load(HostEnv)
     node = host.hostname or socket.gethostname()
     handoff_dir = tempfile.mkdtemp(prefix="trainer-launcher-exec-")
@@ -53,7 +55,8 @@ def supervise(
             if reports_status is not None:
                 from launcher.status.monitor import start as start_monitor
 
-                monitor = start_monitor(launcher, supervisor, node=node, sends=reports_status, relays=False)
+                monitor = start_monitor(launcher, supervisor, node=node, sends=reports_status, relays=False,
+                                        board_at=board_at)
                 if monitor is not None:
                     # Its variables first in order (MPICH's mpiexec may drop the last one), and
                     # theirs in value.

@@ -31,7 +31,7 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
     from launcher.mpi.job import make_plan
 
     mpi_overrides = given(args, MPI_KNOBS, "mpi_")
-    return print_plan(overrides, lambda launcher: make_plan(mpi_overrides, rest or ["PROGRAM"])[1].to_json())
+    return print_plan(overrides, lambda launcher: make_plan(mpi_overrides, rest or ["PROGRAM"], launcher)[1].to_json())
 
 
 def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:

@@ -18,7 +18,7 @@ from launcher.mpi.detect import MpiImpl, detect, find_libmpi
 from launcher.mpi.hostfile import Host, parse_hostfile
 from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, plan_mpi, split_mpirun_args
 from launcher.mpi.rank import REPORT_ENV
-from launcher.mpi.reports import RankFailure, RankReports
+from launcher.mpi.reports import RankFailure, RankReports, facing_address
 from launcher.core.outcome import (
     PEER_LOSS_PATTERN, ConfigError, LauncherError, Outcome, RootCause, classify, evidence_regex, terminated,
 )
@@ -66,7 +66,7 @@ def facts(rest: list[str], impl: MpiImpl) -> MpiFacts:
     )
 
 
-def make_plan(mpi_overrides: dict[str, Override], rest: list[str]) -> tuple[MpiSettings, MpiPlan]:
+def make_plan(mpi_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings) -> tuple[MpiSettings, MpiPlan]:
     """Read the MPI settings and the hostfile, detect the MPI, plan the run. A hostfile option in
     the mpirun flags (the SDK's `mpirun --hostfile /etc/mpi/hostfile ...`) names the hostfile."""
     if option := hostfile_option(split_mpirun_args(rest)[0]):
@@ -76,14 +76,15 @@ def make_plan(mpi_overrides: dict[str, Override], rest: list[str]) -> tuple[MpiS
     impl = detect(mpi.mpirun, mpi.implementation,
                   settings.source_of(MpiSettings, "mpirun", mpi_overrides) or "mpirun")
     sources = {"hostfile": settings.source_of(MpiSettings, "hostfile", mpi_overrides) or "default"}
-    plan = plan_mpi(mpi, impl, hosts, rest, settings.environ(), facts(rest, impl), sources)
+    plan = plan_mpi(mpi, impl, hosts, rest, settings.environ(), facts(rest, impl), sources,
+                    watch_hangs=launcher.hang_timeout > 0)
     return mpi, plan
 
 
 def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override], rest: list[str]) -> int:
     def body(launcher: LauncherSettings) -> Outcome:
         try:
-            mpi, plan = make_plan(mpi_overrides, rest)
+            mpi, plan = make_plan(mpi_overrides, rest, launcher)
             ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
             ssh.write_private(plan.hostfile_path, plan.hostfile_text, 0o644)
             ssh.write_private(plan.ssh_config_path, plan.ssh_config_text)
@@ -121,22 +122,25 @@ def _wait(plan: MpiPlan, launcher: LauncherSettings) -> Outcome | None:
 def _run(plan: MpiPlan, launcher: LauncherSettings) -> Outcome:
     """mpirun, supervised; with the ranks' failure reports, when they send them, naming the root cause."""
     env = {**settings.environ(), **plan.env_set}
+    # Where the ranks in the workers' pods reach this one (the failure reports, the hang's stacks).
+    facing = facing_address(plan.wait_hosts, plan.ssh_port)
+    board_at = facing if plan.wait_hosts else None
     if not plan.rank_reports:
         return supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause),
-                         reports_status=True)
+                         reports_status=True, board_at=board_at)
     try:
-        reports = RankReports.towards(plan.wait_hosts, plan.ssh_port)
+        reports = RankReports(*facing)
     except OSError as error:
         log.warning(f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
                     "the failing rank is named from mpirun's output only")
         return supervise(launcher, list(plan.argv), {REPORT_ENV: "", **env},
-                         lambda child, cause: root_cause(plan, child, cause), reports_status=True)
+                         lambda child, cause: root_cause(plan, child, cause), reports_status=True, board_at=board_at)
     with reports:
         # First, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment on the
         # way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end it.
         outcome = supervise(launcher, list(plan.argv), {**reports.env, **env},
                             lambda child, cause: root_cause(plan, child, cause, reports.received),
-                            reports_status=True)
+                            reports_status=True, board_at=board_at)
         received = reports.received
     return with_reported_error(outcome, received, launcher)
 

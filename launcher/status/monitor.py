@@ -43,10 +43,12 @@ TICK = 0.25
 
 class Monitor:
     def __init__(self, launcher: LauncherSettings, server: StatusEnv | None, *, node: str, sends: bool,
-                 relays: bool = True):
+                 relays: bool = True, board_at: tuple[int, str] | None = None):
         """``server``: the status server's contract (None: no reporting). ``sends``: this pod
         reports the job to it (one sender per job). ``relays``: point the ranks' status URL at our
-        relay; not where the ranks run in other pods (MPI workers), which cannot reach it."""
+        relay; not where the ranks run in other pods (MPI workers), which cannot reach it.
+        ``board_at``: (family, address) the ranks in other pods reach us at, to answer a hang with
+        their stacks (launcher.status.board); None: every rank runs here."""
         from launcher.status.hang import HangWatch
         from launcher.status.intake import JsonlTail, ProgressSocket, Relay
         from launcher.status.lines import LineParser
@@ -67,6 +69,15 @@ class Monitor:
         if launcher.hang_timeout > 0:
             self.watch = HangWatch(launcher.hang_timeout, launcher.hang_startup or None, started)
         self.stacks_dir = os.path.join(self.dir, "stacks")
+        self.board = None
+        if self.watch is not None and board_at is not None:
+            from launcher.status.board import StackBoard
+
+            try:
+                self.board = StackBoard(*board_at)
+            except OSError as error:
+                log.warning(f"no listener for the stacks of ranks in other pods ({error.strerror or error}); "
+                            "a hang shows only this pod's ranks")
         self.hang: Outcome | None = None
         # How a hang's stacks are taken: this pod's ranks, unless the job can ask every node
         # (torch's agents do: launcher.torch.job). The taker logs what it takes.
@@ -88,6 +99,8 @@ class Monitor:
         if self.watch is not None:
             os.makedirs(self.stacks_dir, exist_ok=True)
             env.update(stacks.rank_env(self.stacks_dir, settings.environ().get("PYTHONPATH")))
+            if self.board is not None:
+                env.update(self.board.env)
         return env
 
     def attach(self, supervisor: Supervisor) -> None:
@@ -120,6 +133,8 @@ class Monitor:
             self.supervisor.line_observers.remove(self._line)
             self.supervisor.tickers.remove(self._tick)
         self.socket.close()
+        if self.board is not None:
+            self.board.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def close(self) -> None:
@@ -184,9 +199,21 @@ class Monitor:
         self.supervisor.begin_teardown()
 
     def _local_stacks(self) -> list:
+        """This pod's ranks, by signal, and at the same time those in other pods that answer on
+        the board."""
+        import threading
+
         from launcher.status import stacks
 
+        remote: list = []
+        asking = None
+        if self.board is not None:
+            asking = threading.Thread(target=lambda: remote.extend(self.board.collect()), daemon=True)
+            asking.start()
         taken = stacks.collect(self.stacks_dir)
+        if asking is not None:
+            asking.join()
+            taken = stacks.by_rank([*taken, *remote])
         stacks.echo(taken, _write)
         return taken
 
@@ -227,7 +254,7 @@ def outcome_metrics(outcome: Outcome, codes: frozenset[int]) -> list[tuple[str, 
 
 
 def start(launcher: LauncherSettings, supervisor: Supervisor, *, node: str, sends: bool,
-          relays: bool = True) -> Monitor | None:
+          relays: bool = True, board_at: tuple[int, str] | None = None) -> Monitor | None:
     """A monitor attached to ``supervisor``, or None when there is nothing to report to and no
     hang to catch."""
     from launcher.status.settings import status_env
@@ -237,7 +264,7 @@ def start(launcher: LauncherSettings, supervisor: Supervisor, *, node: str, send
         log.warning(problem)
     if server is None and problem is None and launcher.hang_timeout <= 0:
         return None
-    monitor = Monitor(launcher, server, node=node, sends=sends, relays=relays)
+    monitor = Monitor(launcher, server, node=node, sends=sends, relays=relays, board_at=board_at)
     monitor.attach(supervisor)
     return monitor
 

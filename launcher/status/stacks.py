@@ -19,6 +19,9 @@ import time
 from dataclasses import dataclass
 
 STACKS_ENV = "LAUNCHER_STACKS_DIR"
+# Where ranks that find no stacks directory here reach the launcher's board (board.py):
+# "<address>/<port>/<token>". Not LAUNCHER_*, which mpirun never exports.
+BOARD_ENV = "TRAINER_LAUNCHER_STACKS_BOARD"
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
 TOP_FRAMES = 5
 _POLL = 0.02
@@ -84,7 +87,10 @@ def collect(stacks_dir: str, wait: float = 3.0) -> list[RankStacks]:
     for entry in pending:  # too slow to finish: what it wrote so far still helps
         if entry.text.strip():
             found.append(entry)
-    stacks = [RankStacks(e.pid, e.rank, e.local_rank, e.text, _top(e.text, e.main)) for e in found]
+    return by_rank([RankStacks(e.pid, e.rank, e.local_rank, e.text, top_frames(e.text, e.main)) for e in found])
+
+
+def by_rank(stacks: list[RankStacks]) -> list[RankStacks]:
     return sorted(stacks, key=lambda s: (s.rank is None, s.rank if s.rank is not None else 0, s.pid))
 
 
@@ -92,7 +98,8 @@ def echo(stacks: list[RankStacks], write) -> None:
     """Each rank's dump, every line prefixed by the rank, for the job's log."""
     for found in stacks:
         who = f"rank {found.rank}" if found.rank is not None else f"pid {found.pid}"
-        write(f"[stacks {who}] pid {found.pid}, local rank {found.local_rank}:")
+        where = f" on {found.node}" if found.node else ""
+        write(f"[stacks {who}] pid {found.pid}{where}, local rank {found.local_rank}:")
         for line in found.text.rstrip("\n").splitlines():
             if line:
                 write(f"[stacks {who}] {line}")
@@ -109,7 +116,7 @@ def parse_threads(text: str) -> list[tuple[int, bool, list[str]]]:
     return threads
 
 
-def _top(text: str, main: int | None) -> tuple[str, ...]:
+def top_frames(text: str, main: int | None) -> tuple[str, ...]:
     threads = parse_threads(text)
     chosen = next((t for t in threads if t[0] == main), None)
     if chosen is None:  # no header id (another hook's file): the dumping thread, else the last

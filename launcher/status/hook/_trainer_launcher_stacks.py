@@ -1,5 +1,10 @@
 """Registers this process's stack dump (see sitecustomize.py beside it), once, on import.
 
+Two ways, one per process: where the launcher's stacks directory is on this machine, a file and a
+real-time signal the launcher sends (launcher/status/stacks.py); where it is not (a rank on an MPI
+worker pod, which the launcher cannot signal), a connection to the launcher's stack board, which
+a thread of this process answers with the same dump (launcher/status/board.py).
+
 Imported by the sitecustomize beside it at interpreter start, and by a framework's runner that
 started before the hook was on its PYTHONPATH (launcher/jax/run.py, launcher/xgboost/run.py), once
 the launcher's variables have reached it. Standard library only, Python 3.8 syntax, never raises.
@@ -8,6 +13,7 @@ the launcher's variables have reached it. Standard library only, Python 3.8 synt
 import os
 
 _DIR_ENV = "LAUNCHER_STACKS_DIR"
+_BOARD_ENV = "TRAINER_LAUNCHER_STACKS_BOARD"
 # Set in a registered process's environment: Python processes it starts (spawned data-loader or
 # compile workers) see their parent's pid there and stay out, so each rank has one dump file.
 _OWNER_ENV = "LAUNCHER_STACKS_OWNER"
@@ -32,33 +38,81 @@ def _first(*names):
 
 def register():
     directory = os.environ.get(_DIR_ENV)
-    if not directory or not hasattr(__import__("signal"), "SIGRTMIN"):
+    board = os.environ.get(_BOARD_ENV)
+    if not (directory and os.path.isdir(directory)) and not board:
         return
     pid = os.getpid()
     owner = os.environ.get(_OWNER_ENV)
     if owner and owner != str(pid) and owner == str(os.getppid()):
         os.environ[_OWNER_ENV] = str(pid)  # so this process's own children stay out too
         return
-    import faulthandler
-    import signal
     import threading
 
-    signum = signal.SIGRTMIN + _SIGNAL_OFFSET
-    path = os.path.join(directory, "%d.stacks" % pid)
-    dump = open(path, "w")
     fields = {
         "pid": pid,
         "ppid": os.getppid(),
-        "start": _start_time(),
-        "signal": int(signum),
         "main": "0x%016x" % threading.main_thread().ident,
         "rank": _first("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JAX_PROCESS_ID", "DMLC_TASK_ID"),
         "local_rank": _first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
     }
+    if directory and os.path.isdir(directory):
+        _register_signal(directory, fields)
+    else:
+        thread = threading.Thread(target=_answer_board, args=(board, fields), name="trainer-launcher-stacks")
+        thread.daemon = True
+        thread.start()
+    os.environ[_OWNER_ENV] = str(pid)
+
+
+def _register_signal(directory, fields):
+    import faulthandler
+    import signal
+
+    if not hasattr(signal, "SIGRTMIN"):
+        return
+    signum = signal.SIGRTMIN + _SIGNAL_OFFSET
+    fields = dict(fields, start=_start_time(), signal=int(signum))
+    dump = open(os.path.join(directory, "%d.stacks" % fields["pid"]), "w")
     dump.write("# trainer-launcher stacks " + " ".join("%s=%s" % item for item in fields.items()) + "\n")
     dump.flush()
     faulthandler.register(signum, file=dump, all_threads=True, chain=False)
-    os.environ[_OWNER_ENV] = str(pid)
+
+
+def _answer_board(board, fields):
+    """Say who we are to the launcher's board, then answer each "dump" with our stacks, until the
+    launcher closes the connection. Silent: no stacks is better than noise in the user's output."""
+    import faulthandler
+    import json
+    import socket
+    import tempfile
+
+    try:
+        address, port, token = board.rsplit("/", 2)
+        connection = socket.create_connection((address, int(port)), timeout=30)
+        connection.settimeout(None)
+        hello = {"token": token, "pid": fields["pid"], "host": socket.gethostname(),
+                 "main": int(fields["main"], 16)}
+        for name, key in (("rank", "rank"), ("local_rank", "localRank")):
+            if fields[name]:
+                hello[key] = int(fields[name])
+        connection.sendall(json.dumps(hello).encode() + b"\n")
+        received = b""
+        while True:
+            chunk = connection.recv(256)
+            if not chunk:
+                return
+            received += chunk
+            while b"\n" in received:
+                line, received = received.split(b"\n", 1)
+                if line != b"dump":
+                    continue
+                with tempfile.TemporaryFile() as dump:
+                    faulthandler.dump_traceback(file=dump, all_threads=True)
+                    dump.seek(0)
+                    text = dump.read().decode("utf-8", "replace")
+                connection.sendall(json.dumps({"text": text}).encode() + b"\n")
+    except Exception:
+        return
 
 
 try:
