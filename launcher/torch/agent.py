@@ -68,12 +68,22 @@ def _failure_record(failures: dict) -> dict:
             "exitCode": None if signaled else failure.exitcode,
             "signal": failure.signal_name() if signaled else None,
             "timestamp": failure.timestamp,
-            # Only a worker that used @record wrote a message; otherwise torchrun's is a doc link.
-            "message": str(failure.message)[:1000] if os.path.isfile(failure.error_file) else None,
+            "message": _recorded_message(failure),
         })
     own = [f for f in found if f["signal"] != "SIGTERM"] or found
     root = min(own, key=lambda f: f["timestamp"])
     return {"failures": found, "rootRank": root["rank"]}
+
+
+def _recorded_message(failure) -> str | None:
+    """What a worker that used @record (or ErrorHandler) wrote; otherwise torchrun's message is a
+    doc link. The file holds {"message": "Type: text", "extraInfo": ...} under "message"."""
+    if not os.path.isfile(failure.error_file):
+        return None
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message")
+    return str(message)[:1000] if message else None
 
 
 def _publish_final_failures(peers) -> None:
