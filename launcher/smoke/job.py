@@ -1,7 +1,9 @@
-"""``trainer-launcher smoke``: a preflight of this node with thresholds; a table or JSON.
+"""``trainer-launcher smoke``: a preflight of this node; a table or one JSON result per check.
 
-Each check is pass, warn, fail or skip, and says whether a failure means the pod is
-misconfigured (permanent, exit 2) or the node is broken (retryable, exit 138).
+The checks, in order: what the pod asks for against what it has (config: exit 2 when it
+fails), the CPU, the GPUs' performance against their model's floors, and the node's health as
+the driver, the kernel log and sysfs report it (node: exit 138, retryable elsewhere, when any
+fails). ``--level long`` measures longer and with bigger messages.
 """
 
 from __future__ import annotations
@@ -10,102 +12,177 @@ import json
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
 
 from launcher.core import settings
 from launcher.core.devices import probe_host
 from launcher.core.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome
 from launcher.core.report import run_command
 from launcher.core.settings import HostEnv, Override
+from launcher.smoke.result import FAIL, PASS, SKIP, WARN, Check, Threshold, at_least
 from launcher.smoke.settings import SmokeSettings
+from launcher.smoke.thresholds import plain
 from launcher.torch.settings import TorchSettings
 
-
-@dataclass
-class Check:
-    name: str
-    status: str  # pass | warn | fail | skip
-    value: str
-    threshold: str = ""
-    kind: str = "node"  # what a failure means: node (retryable) or config (permanent)
+MESSAGE_CHECKS = 6  # failed checks named in the one-line message; all of them are in the result
+_SOURCE_WIDTH = 60
 
 
-def _at_least(name: str, value: float | None, minimum: float, unit: str, kind: str, on_low: str = "fail") -> Check:
-    if value is None:
-        return Check(name, "skip", "not readable", f">= {minimum:g} {unit}", kind)
-    return Check(name, "pass" if value >= minimum else on_low, f"{value:,.1f} {unit}", f">= {minimum:g} {unit}", kind)
-
-
-def run_checks(smoke: SmokeSettings, torch_settings: TorchSettings, host) -> list[Check]:
-    from launcher.smoke import probes as probe
+def pod_checks(smoke: SmokeSettings, torch_settings: TorchSettings, host, gpus: int, probe,
+               overrides: dict[str, Override] | None = None) -> list[Check]:
+    """What the pod asks for against what it has."""
     from launcher.torch.plan import resolve_nproc
 
-    checks: list[Check] = []
     try:
         source = settings.source_of(TorchSettings, "nproc_per_node") or "default"
         nproc, how = resolve_nproc(torch_settings.nproc_per_node, host, source)
     except ConfigError as error:
-        return [Check("nproc", "fail", str(error), kind="config")]
-    gpus = probe.gpu_count()
+        return [Check("nproc", FAIL, kind="config", detail=str(error))]
+    checks = []
     if gpus:
-        checks.append(Check("visible GPUs vs nproc", "pass" if gpus >= nproc else "fail",
-                            f"{gpus} GPUs for {nproc} processes ({how})", ">= nproc", "config"))
+        checks.append(Check("visible GPUs vs nproc", PASS if gpus >= nproc else FAIL, gpus, nproc, "GPUs",
+                            f"processes per node ({how})", "config", op=">="))
     else:
-        checks.append(Check("CPU quota vs nproc", "pass" if host.cpus >= nproc else "warn",
-                            f"{host.cpus:g} CPUs for {nproc} processes ({how})", ">= nproc", "config"))
-    checks.append(_at_least("/dev/shm size", probe.shm_gb(), smoke.min_shm_gb, "GB", "config"))
-    checks.append(_at_least("free space on /workspace", probe.disk_gb("/workspace"), smoke.min_free_gb, "GB",
-                            "config", on_low="warn"))
-    if torch_settings.master_addr:
+        checks.append(Check("CPU quota vs nproc", PASS if host.cpus >= nproc else WARN, float(host.cpus), nproc,
+                            "CPUs", f"processes per node ({how})", "config", op=">="))
+    checks.append(at_least("/dev/shm size", probe.shm_gb(), plain(smoke, "min_shm_gb", overrides), "GB", "config"))
+    checks.append(at_least("free space on /workspace", probe.disk_gb("/workspace"),
+                           plain(smoke, "min_free_gb", overrides), "GB", "config", on_low=WARN,
+                           unreadable="/workspace is not mounted"))
+    address = torch_settings.master_addr
+    if address:
         try:
-            socket.getaddrinfo(torch_settings.master_addr, None)
-            checks.append(Check("master address resolves", "pass", torch_settings.master_addr))
+            socket.getaddrinfo(address, None)
+            checks.append(Check("master address resolves", PASS, detail=address))
         except (socket.gaierror, UnicodeError) as error:
-            checks.append(Check("master address resolves", "fail", f"{torch_settings.master_addr}: {error}"))
+            checks.append(Check("master address resolves", FAIL, detail=f"{address}: {error}"))
     else:
-        checks.append(Check("master address resolves", "skip", "PET_MASTER_ADDR is unset"))
-    checks.append(_at_least("CPU fp32 matmul", probe.cpu_matmul_gflops(), smoke.min_matmul_gflops, "GFLOP/s", "node"))
-    ranks = max(2, min(nproc, 4)) if not gpus else 0
-    if ranks:
-        seconds, correct, _ = probe.allreduce(ranks, "gloo", numel=1 << 20)
-        checks.append(Check(f"gloo all-reduce, {ranks} local ranks", "pass" if correct else "fail",
-                            f"{'correct' if correct else 'WRONG SUM'}, {seconds * 1e3:.1f} ms for 4 MB"))
-    for device in range(gpus):
-        checks.append(_at_least(f"GPU {device} bf16 matmul 8192^3", probe.gpu_bf16_tflops(device),
-                                smoke.min_bf16_tflops, "TFLOP/s", "node"))
-        checks.append(_at_least(f"GPU {device} device-to-device copy", probe.gpu_copy_gbps(device),
-                                smoke.min_copy_gbps, "GB/s", "node"))
-    if gpus >= 2:
-        seconds, correct, busbw = probe.allreduce(gpus, "nccl", numel=1 << 26)
-        check = _at_least(f"NCCL all-reduce, {gpus} GPUs", busbw, smoke.min_busbw_gbps, "GB/s busbw", "node")
-        checks.append(check if correct else Check(check.name, "fail", "WRONG SUM"))
-    elif gpus == 1:
-        checks.append(Check("NCCL all-reduce", "skip", "one GPU: nothing to reduce across"))
-    if gpus:
-        errors = probe.uncorrected_ecc_errors()
-        if errors is None:
-            checks.append(Check("uncorrected ECC errors", "skip", "nvidia-smi not readable"))
-        else:
-            checks.append(Check("uncorrected ECC errors", "pass" if not any(errors) else "fail",
-                                ", ".join(map(str, errors)), "0"))
+        checks.append(Check("master address resolves", SKIP, detail="PET_MASTER_ADDR is unset"))
     return checks
 
 
+def cpu_checks(smoke: SmokeSettings, level, nproc_hint: int, probe,
+               overrides: dict[str, Override] | None = None) -> list[Check]:
+    checks = [at_least("CPU fp32 matmul", probe.cpu_matmul_gflops(), plain(smoke, "min_matmul_gflops", overrides),
+                       "GFLOP/s")]
+    ranks = max(2, min(nproc_hint, 4))
+    seconds, correct, _ = probe.allreduce(ranks, "gloo", level.gloo_bytes)
+    name = f"gloo all-reduce, {ranks} local ranks"
+    size = f"{level.gloo_bytes / (1 << 20):g} MiB"
+    if correct:
+        checks.append(Check(name, PASS, round(seconds * 1e3, 1), None, "ms", detail=f"correct sum, {size}"))
+    else:
+        checks.append(Check(name, FAIL, round(seconds * 1e3, 1), None, "ms", detail=f"WRONG SUM, {size}"))
+    return checks
+
+
+def _slowest(name: str, values: dict[str, float | None], floor: Threshold, unit: str) -> Check:
+    """One check over many GPUs (or pairs): the slowest is the value, and every one below the
+    floor is named."""
+    measured = {who: v for who, v in values.items() if v is not None}
+    if not measured:
+        return Check(name, SKIP, None, floor.value, unit, floor.source, op=">=", detail="not measurable here")
+    who, value = min(measured.items(), key=lambda item: item[1])
+    low = [f"{w} {v:,.1f}" for w, v in measured.items() if v < floor.value]
+    if low:
+        return Check(name, FAIL, value, floor.value, unit, floor.source, op=">=",
+                     detail=f"below {floor.value:g} {unit}: " + ", ".join(low))
+    return Check(name, PASS, value, floor.value, unit, floor.source, op=">=", detail=f"slowest: {who}")
+
+
+def gpu_checks(level, floors: dict[str, Threshold], gpus: int, probe) -> list[Check]:
+    """Every GPU's compute, memory, host link and peer links, and the NCCL all-reduce over all."""
+    devices = list(range(gpus))
+    label = "GPU {}".format
+    checks = [
+        _slowest("GPU bf16 matmul 8192^3", {label(d): v for d, v in probe.gpu_bf16_tflops(devices, level.matmul_seconds).items()},
+                 floors["bf16_tflops"], "TFLOP/s"),
+        _slowest("GPU device-to-device copy", {label(d): probe.gpu_copy_gbps(d, level.copy_bytes) for d in devices},
+                 floors["copy_gbps"], "GB/s"),
+    ]
+    host = {}
+    for d in devices:
+        to_device, to_host = probe.gpu_host_copy_gbps(d, level.host_bytes)
+        host[f"{label(d)} host-to-device"] = to_device
+        host[f"{label(d)} device-to-host"] = to_host
+    checks.append(_slowest("GPU host<->device copy (pinned)", host, floors["h2d_gbps"], "GB/s"))
+    if gpus >= 2:
+        pairs = probe.gpu_peer_gbps(devices, level.host_bytes)
+        check = _slowest("GPU peer-to-peer copy", {f"GPU {s}->{t}": v for (s, t), (v, _) in pairs.items()},
+                         floors["p2p_gbps"], "GB/s")
+        without = [f"{s}->{t}" for (s, t), (_, access) in pairs.items() if not access]
+        if without:
+            check.detail += f"; no peer access: {', '.join(without)}"
+        checks.append(check)
+        seconds, correct, busbw = probe.allreduce(gpus, "nccl", level.allreduce_bytes, level.allreduce_iterations)
+        floor = floors["busbw_gbps"]
+        name = f"NCCL all-reduce, {gpus} GPUs"
+        size = f"{level.allreduce_bytes / (1 << 30):g} GiB messages"
+        if not correct:
+            checks.append(Check(name, FAIL, busbw, floor.value, "GB/s busbw", floor.source, op=">=",
+                                detail=f"WRONG SUM, {size}"))
+        else:
+            check = at_least(name, busbw, floor, "GB/s busbw")
+            check.detail = size
+            checks.append(check)
+    else:
+        checks.append(Check("GPU peer-to-peer copy", SKIP, detail="one GPU: no pair"))
+        checks.append(Check("NCCL all-reduce", SKIP, detail="one GPU: nothing to reduce across"))
+    return checks
+
+
+def run_checks(smoke: SmokeSettings, torch_settings: TorchSettings, host,
+               overrides: dict[str, Override] | None = None) -> tuple[list[Check], dict]:
+    """Every check of this node, and what it found out about the node (its GPU model row, its
+    GPUs, the driver)."""
+    from launcher.smoke import health, kernel, nvidia, rdma, thresholds
+    from launcher.smoke import probes as probe
+    from launcher.smoke.skus import node_sku
+
+    level = probe.LEVELS[smoke.level]
+    gpus = probe.gpu_count()
+    checks = pod_checks(smoke, torch_settings, host, gpus, probe, overrides)
+    # The driver's view, whatever torch sees: a node's health does not depend on the image's torch.
+    inventory = nvidia.read()
+    sku = node_sku(inventory.gpus)
+    about = {"level": smoke.level, "gpus": gpus, "sku": sku.name, "driver": inventory.driver_version}
+    if gpus:
+        checks += gpu_checks(level, thresholds.gpu_floors(smoke, sku, gpus, overrides), gpus, probe)
+    else:
+        checks += cpu_checks(smoke, level, int(host.cpus), probe, overrides)
+    checks += health.health_checks(inventory, kernel.read_xids(smoke.xid_window), rdma.read_ports(), sku,
+                                   thresholds.max_temp(smoke, overrides))
+    return checks, about
+
+
 def outcome_of(checks: list[Check]) -> Outcome:
-    failed = [c for c in checks if c.status == "fail"]
+    failed = [c for c in checks if c.status == FAIL]
     if not failed:
-        warned = [c.name for c in checks if c.status == "warn"]
+        warned = [c.name for c in checks if c.status == WARN]
         return Outcome(0, "Succeeded", "preflight passed" + (f" with warnings: {', '.join(warned)}" if warned else ""))
-    names = ", ".join(f"{c.name} ({c.value})" for c in failed)
+    named = "; ".join(c.summary() for c in failed[:MESSAGE_CHECKS])
+    if len(failed) > MESSAGE_CHECKS:
+        named += f"; and {len(failed) - MESSAGE_CHECKS} more"
     if any(c.kind == "config" for c in failed):
-        return Outcome(CONFIG_ERROR, "Misconfigured", f"preflight failed: {names}")
-    return Outcome(TRANSIENT, "NodeFault", f"preflight failed: {names}")
+        return Outcome(CONFIG_ERROR, "Misconfigured", f"preflight failed: {named}")
+    return Outcome(TRANSIENT, "NodeFault", f"preflight failed: {named}")
 
 
 def table(checks: list[Check]) -> str:
-    rows = [("CHECK", "STATUS", "VALUE", "THRESHOLD")] + [(c.name, c.status.upper(), c.value, c.threshold) for c in checks]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)
+    """A row per check; under a check that did not pass, what it found."""
+    def source(check: Check) -> str:
+        text = check.source if check.threshold is not None else ""
+        return text if len(text) <= _SOURCE_WIDTH else text[:_SOURCE_WIDTH - 3] + "..."
+
+    header = ("CHECK", "STATUS", "VALUE", "THRESHOLD", "SOURCE")
+    rows = [(c.name + (f" [{c.node}]" if c.node else ""), c.status.upper(), c.shown_value(), c.shown_threshold(),
+             source(c)) for c in checks]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
+    lines = []
+    for row, check in zip([header, *rows], [None, *checks]):
+        lines.append("  ".join(f"{cell:<{widths[i]}}" for i, cell in enumerate(row[:4])) + f"  {row[4]}".rstrip())
+        if check is not None and check.detail and check.status != PASS:
+            lines.append(f"    {check.detail}")
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def run_smoke(launcher_overrides: dict[str, Override], smoke_overrides: dict[str, Override], as_json: bool) -> int:
@@ -117,12 +194,16 @@ def _smoke(smoke_overrides: dict[str, Override], as_json: bool) -> Outcome:
     torch_settings = settings.load(TorchSettings)
     host = probe_host(settings.load(HostEnv))
     started = time.monotonic()
-    checks = run_checks(smoke, torch_settings, host)
-    outcome = outcome_of(checks).with_extra(checks=[asdict(c) for c in checks], node=host.hostname)
+    checks, about = run_checks(smoke, torch_settings, host, smoke_overrides)
+    outcome = outcome_of(checks)
+    # The termination message holds 4 KiB: the failed checks only; stdout has them all.
+    failed = [c.as_json() for c in checks if c.status == FAIL]
+    outcome = outcome.with_extra(node=host.hostname, sku=about["sku"], **({"failedChecks": failed} if failed else {}))
     if as_json:
-        print(json.dumps({"node": host.hostname, "seconds": round(time.monotonic() - started, 2),
-                          "checks": [asdict(c) for c in checks], "exitCode": outcome.exit_code}, indent=2))
+        print(json.dumps({"node": host.hostname, **about, "seconds": round(time.monotonic() - started, 2),
+                          "checks": [c.as_json() for c in checks], "exitCode": outcome.exit_code}, indent=2))
     else:
+        print(f"node {host.hostname}: {about['gpus']} GPUs, thresholds of {about['sku']}, level {about['level']}")
         print(table(checks))
     sys.stdout.flush()
     return outcome

@@ -14,13 +14,14 @@ stacks.py serves the ranks on the launcher's own pod, which need no GIL.
 from __future__ import annotations
 
 import json
-import secrets
 import selectors
 import socket
 import threading
 import time
 
+from launcher.core.listener import TokenListener
 from launcher.status.stacks import BOARD_ENV, RankStacks, by_rank, top_frames
+
 _HELLO_LIMIT = 4096
 _DUMP_LIMIT = 4 * 1024 * 1024  # faulthandler stops at 100 threads of 100 frames each
 
@@ -36,22 +37,13 @@ class _Rank:
         self.received = b""
 
 
-class StackBoard:
+class StackBoard(TokenListener):
     """Keeps each rank's connection while the job runs. ``env`` tells the ranks where it is."""
 
     def __init__(self, family: int, address: str):
-        self.token = secrets.token_hex(16)
         self._ranks: list[_Rank] = []
         self._lock = threading.Lock()
-        self._server = socket.socket(family, socket.SOCK_STREAM)
-        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._server.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
-        self._server.listen(128)
-        self._server.settimeout(1)  # where shutdown() cannot wake accept(), close() waits this long
-        self.env = {BOARD_ENV: f"{address}/{self._server.getsockname()[1]}/{self.token}"}
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="stack-board", daemon=True)
-        self._thread.start()
+        super().__init__(family, address, BOARD_ENV, "stack-board")
 
     @property
     def connected(self) -> int:
@@ -59,13 +51,7 @@ class StackBoard:
             return len(self._ranks)
 
     def close(self) -> None:
-        self._closed.set()
-        try:
-            self._server.shutdown(socket.SHUT_RDWR)  # wakes the accept() at once (Linux)
-        except OSError:
-            pass
-        self._thread.join(timeout=2)
-        self._server.close()
+        super().close()
         with self._lock:
             ranks, self._ranks = self._ranks, []
         for rank in ranks:
@@ -130,43 +116,17 @@ class StackBoard:
             return ""
         return text if isinstance(text, str) else ""
 
-    def _serve(self) -> None:
-        while not self._closed.is_set():
-            try:
-                connection, _ = self._server.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            rank = self._hello(connection)
-            if rank is None:
+    def _accepted(self, connection: socket.socket) -> None:
+        """Keep a rank that says who it is (its first line: the token, its pid and rank)."""
+        hello = self.first_line(connection, _HELLO_LIMIT)
+        if hello is None or _number(hello.get("pid")) is None:
+            connection.close()
+            return
+        with self._lock:
+            if self._closed.is_set():
                 connection.close()
-                continue
-            with self._lock:
-                if self._closed.is_set():
-                    connection.close()
-                    return
-                self._ranks.append(rank)
-
-    def _hello(self, connection: socket.socket) -> _Rank | None:
-        """The rank's first line: the token and who it is."""
-        connection.settimeout(2)
-        received = b""
-        try:
-            while b"\n" not in received and len(received) < _HELLO_LIMIT:
-                chunk = connection.recv(_HELLO_LIMIT)
-                if not chunk:
-                    return None
-                received += chunk
-            hello = json.loads(received.split(b"\n", 1)[0])
-        except (OSError, ValueError):
-            return None
-        token = hello.get("token") if isinstance(hello, dict) else None
-        if not isinstance(token, str) or not secrets.compare_digest(token.encode(), self.token.encode()):
-            return None
-        if _number(hello.get("pid")) is None:
-            return None
-        return _Rank(connection, hello)
+                return
+            self._ranks.append(_Rank(connection, hello))
 
 
 def _number(value) -> int | None:
