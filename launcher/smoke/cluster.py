@@ -80,6 +80,11 @@ def allreduce_check(nodes: int, world: int, correct: bool, busbw: float, nbytes:
     return Check(name, PASS, round(busbw, 2), None, "GB/s busbw", detail=f"correct sum, {size}")
 
 
+def _exchange(dist, both: list) -> None:
+    for request in dist.batch_isend_irecv(both):
+        request.wait()
+
+
 def measure(level: PairLevel) -> tuple[list[str], list[Check] | None, dict[tuple[int, int], float]]:
     """Run on every rank of the job: (node hostnames, the all-reduce check on rank 0 else None,
     the pairs' GB/s on rank 0 else {})."""
@@ -132,12 +137,14 @@ def measure(level: PairLevel) -> tuple[list[str], list[Check] | None, dict[tuple
                 if my_node not in (a, b):
                     continue
                 peer = leaders[b if my_node == a else a][1]
-                exchange = lambda: [w.wait() for w in (dist.isend(out, peer), dist.irecv(back, peer))]  # noqa: E731
-                exchange()
+                # Grouped, so NCCL posts the send and the receive together (two separate
+                # sends, each waiting for its receive, would deadlock).
+                both = [dist.P2POp(dist.isend, out, peer), dist.P2POp(dist.irecv, back, peer)]
+                _exchange(dist, both)  # warm-up
                 sync()
                 started = time.perf_counter()
                 for _ in range(level.iterations):
-                    exchange()
+                    _exchange(dist, both)
                 sync()
                 mine[(a, b)] = level.nbytes * level.iterations / (time.perf_counter() - started) / 1e9
         dist.barrier()
