@@ -16,7 +16,7 @@ from types import ModuleType
 from launcher import __version__
 from launcher.core.knobs import KNOBS, Knob, given
 from launcher.initializers.knobs import INIT_KNOBS
-from launcher.smoke.knobs import SMOKE_KNOBS
+from launcher.smoke.knobs import NODE_KNOBS
 
 FRAMEWORKS = ("torch", "mpi", "jax", "xgboost")
 
@@ -110,7 +110,8 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
     smoke = commands.add_parser("smoke", help="preflight this node: CPU/GPU, shm, disk, DNS, gloo/NCCL, thresholds",
                                 usage="trainer-launcher smoke [--json] [THRESHOLDS] [OPTIONS]")
     smoke.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
-    _add_table(smoke, "thresholds (each also a LAUNCHER_SMOKE_* variable; flags win)", SMOKE_KNOBS, "smoke_")
+    _add_table(smoke, "level and thresholds (each also a LAUNCHER_SMOKE_* variable; flags win)", NODE_KNOBS,
+               "smoke_")
     _add_knobs(smoke)
     return parser
 
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "smoke":
         from launcher.smoke.job import run_smoke
 
-        return run_smoke(overrides, given(args, SMOKE_KNOBS, "smoke_"), args.json)
+        return run_smoke(overrides, given(args, NODE_KNOBS, "smoke_"), args.json)
     if args.command == "init":
         from launcher.initializers.job import run_init
 

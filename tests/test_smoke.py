@@ -123,7 +123,7 @@ def test_a_master_address_that_does_not_resolve_fails_the_preflight(tmp_path):
     (("--min-free-gb", "lots"), {}, "--min-free-gb", "lots"),
     (("--level", "thorough"), {}, "--level", "thorough"),
     ((), {"LAUNCHER_SMOKE_LEVEL": "thorough"}, "LAUNCHER_SMOKE_LEVEL", "thorough"),
-    (("--slow-node-ratio", "2"), {}, "--slow-node-ratio", "2"),
+    ((), {"LAUNCHER_SMOKE_SLOW_NODE_RATIO": "2"}, "LAUNCHER_SMOKE_SLOW_NODE_RATIO", "2"),
     ((), {"LAUNCHER_SMOKE_XID_WINDOW": "yesterday"}, "LAUNCHER_SMOKE_XID_WINDOW", "yesterday"),
 ])
 def test_a_bad_setting_is_one_line_exit_2(tmp_path, args, env, named, value):

@@ -19,9 +19,9 @@ import time
 from launcher.core import settings
 from launcher.core.outcome import CONFIG_ERROR, ConfigError
 from launcher.core.settings import Override
-from launcher.smoke.knobs import SMOKE_KNOBS
+from launcher.smoke.knobs import CLUSTER_KNOBS, NODE_KNOBS
 
-_FLAGS = ("level", "min_node_gbps", "slow_node_ratio")
+_KNOBS = {"level": NODE_KNOBS["level"], **CLUSTER_KNOBS}
 
 
 class PreflightFailed(Exception):
@@ -31,13 +31,12 @@ class PreflightFailed(Exception):
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.smoke", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
-    for name in _FLAGS:
-        knob = SMOKE_KNOBS[name]
+    for name, knob in _KNOBS.items():
         parser.add_argument(knob.flag, dest=name, help=f"{knob.help} [{knob.env}]")
     args = parser.parse_args(argv)
     from launcher.smoke.settings import SmokeSettings
 
-    overrides = {name: Override(getattr(args, name), SMOKE_KNOBS[name].flag) for name in _FLAGS
+    overrides = {name: Override(getattr(args, name), knob.flag) for name, knob in _KNOBS.items()
                  if getattr(args, name) is not None}
     try:
         smoke = settings.load(SmokeSettings, overrides)

@@ -6,7 +6,7 @@ from launcher.core.knobs import Knob
 
 _BY_MODEL = "(default: the GPU model's floor, launcher/smoke/skus.py)"
 
-SMOKE_KNOBS: dict[str, Knob] = {
+NODE_KNOBS: dict[str, Knob] = {
     "level": Knob("LAUNCHER_SMOKE_LEVEL", "--level",
                   "quick (default: seconds, for every pod's init container) or long (multi-GB NCCL, 30 s matmul)"),
     "min_shm_gb": Knob("LAUNCHER_SMOKE_MIN_SHM_GB", "--min-shm-gb", "fail below this /dev/shm size (default 1)"),
@@ -27,8 +27,12 @@ SMOKE_KNOBS: dict[str, Knob] = {
                            "fail above this GPU temperature (default: each GPU's maximum operating temperature)"),
     "xid_window": Knob("LAUNCHER_SMOKE_XID_WINDOW", "--xid-window",
                        "how far back the kernel log's GPU XID errors count (default 24h)"),
-    "min_node_gbps": Knob("LAUNCHER_SMOKE_MIN_NODE_GBPS", "--min-node-gbps",
-                          "cross-node (python -m launcher.smoke): fail a node pair below this bandwidth, GB/s (default 1)"),
-    "slow_node_ratio": Knob("LAUNCHER_SMOKE_SLOW_NODE_RATIO", "--slow-node-ratio",
-                            "cross-node: fail a node whose best pair is below this share of the nodes' median (default 0.5)"),
 }
+# Only the cross-node preflight (python -m launcher.smoke) reads these.
+CLUSTER_KNOBS: dict[str, Knob] = {
+    "min_node_gbps": Knob("LAUNCHER_SMOKE_MIN_NODE_GBPS", "--min-node-gbps",
+                          "fail a node pair below this bandwidth, GB/s (default 1)"),
+    "slow_node_ratio": Knob("LAUNCHER_SMOKE_SLOW_NODE_RATIO", "--slow-node-ratio",
+                            "fail a node whose best pair is below this share of the nodes' median (default 0.5)"),
+}
+SMOKE_KNOBS: dict[str, Knob] = {**NODE_KNOBS, **CLUSTER_KNOBS}
