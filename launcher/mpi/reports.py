@@ -60,10 +60,6 @@ class RankReports(TokenListener):
         self._lock = threading.Lock()
         super().__init__(family, address, REPORT_ENV, "rank-reports")
 
-    @classmethod
-    def towards(cls, hosts: tuple[str, ...], port: int) -> RankReports:
-        return cls(*facing_address(hosts, port))
-
     @property
     def received(self) -> list[RankFailure]:
         """The reports so far, the first to arrive first."""
