@@ -96,6 +96,7 @@ def measure(level: PairLevel) -> tuple[list[str], list[Check] | None, dict[tuple
     import torch.distributed as dist
 
     gpu = torch.cuda.is_available()
+    # torchrun's own per-rank variables, read as every training script reads them.
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if gpu else torch.device("cpu")
     if gpu:
