@@ -108,7 +108,7 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
     policy.add_argument(knob.flag, dest="retryable_exit_codes", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
 
     smoke = commands.add_parser("smoke", help="preflight this node: CPU/GPU, shm, disk, DNS, gloo/NCCL, thresholds",
-                                usage="trainer-launcher smoke [--json] [THRESHOLDS] [OPTIONS]")
+                                usage="trainer-launcher smoke [--json] [--level quick|long] [THRESHOLDS] [OPTIONS]")
     smoke.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
     _add_table(smoke, "level and thresholds (each also a LAUNCHER_SMOKE_* variable; flags win)", NODE_KNOBS,
                "smoke_")
