@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from launcher.smoke.result import FAIL, PASS, SKIP, Check, Threshold
+from launcher.smoke.result import FAIL, PASS, SKIP, Check, Threshold, sum_check
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,6 @@ def pair_checks(hosts: list[str], pairs: dict[tuple[int, int], float], floor: Th
         checks.append(Check("node-to-node bandwidth", PASS if value >= limit else FAIL, value, round(limit, 2),
                             "GB/s", source, op=">=", detail=f"best pair; {own}", node=hosts[node]))
     return checks
-
-
-def allreduce_check(nodes: int, world: int, correct: bool, busbw: float, nbytes: int) -> Check:
-    name = f"all-reduce over {nodes} nodes, {world} ranks"
-    size = f"{nbytes / (1 << 20):g} MiB"
-    if not correct:
-        return Check(name, FAIL, round(busbw, 2), None, "GB/s busbw", detail=f"WRONG SUM, {size}")
-    return Check(name, PASS, round(busbw, 2), None, "GB/s busbw", detail=f"correct sum, {size}")
 
 
 def _exchange(dist, both: list) -> None:
@@ -157,6 +149,7 @@ def measure(level: PairLevel) -> tuple[list[str], list[Check] | None, dict[tuple
                 pairs_seen[pair] = min(gbps, pairs_seen.get(pair, gbps))
         if rank != 0:
             return hosts, None, {}
-        return hosts, [allreduce_check(len(hosts), world, all_correct, busbw, level.allreduce_bytes)], pairs_seen
+        return hosts, [sum_check(f"all-reduce over {len(hosts)} nodes, {world} ranks", all_correct, round(busbw, 2),
+                                 "GB/s busbw", f"{level.allreduce_bytes / (1 << 20):g} MiB")], pairs_seen
     finally:
         dist.destroy_process_group()

@@ -18,7 +18,7 @@ from launcher.core.devices import probe_host
 from launcher.core.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome
 from launcher.core.report import run_command
 from launcher.core.settings import HostEnv, Override
-from launcher.smoke.result import FAIL, PASS, SKIP, WARN, Check, Threshold, at_least
+from launcher.smoke.result import FAIL, PASS, SKIP, WARN, Check, Threshold, at_least, sum_check
 from launcher.smoke.settings import SmokeSettings
 from launcher.smoke.thresholds import plain
 from launcher.torch.settings import TorchSettings
@@ -66,12 +66,8 @@ def cpu_checks(smoke: SmokeSettings, level, nproc_hint: int, probe,
                        "GFLOP/s")]
     ranks = max(2, min(nproc_hint, 4))
     seconds, correct, _ = probe.allreduce(ranks, "gloo", level.gloo_bytes)
-    name = f"gloo all-reduce, {ranks} local ranks"
-    size = f"{level.gloo_bytes / (1 << 20):g} MiB"
-    if correct:
-        checks.append(Check(name, PASS, round(seconds * 1e3, 1), None, "ms", detail=f"correct sum, {size}"))
-    else:
-        checks.append(Check(name, FAIL, round(seconds * 1e3, 1), None, "ms", detail=f"WRONG SUM, {size}"))
+    checks.append(sum_check(f"gloo all-reduce, {ranks} local ranks", correct, round(seconds * 1e3, 1), "ms",
+                            f"{level.gloo_bytes / (1 << 20):g} MiB"))
     return checks
 
 
@@ -114,16 +110,11 @@ def gpu_checks(level, floors: dict[str, Threshold], gpus: int, probe) -> list[Ch
             check.detail += f"; no peer access: {', '.join(without)}"
         checks.append(check)
         seconds, correct, busbw = probe.allreduce(gpus, "nccl", level.allreduce_bytes, level.allreduce_iterations)
-        floor = floors["busbw_gbps"]
-        name = f"NCCL all-reduce, {gpus} GPUs"
-        size = f"{level.allreduce_bytes / (1 << 30):g} GiB messages"
-        if not correct:
-            checks.append(Check(name, FAIL, busbw, floor.value, "GB/s busbw", floor.source, op=">=",
-                                detail=f"WRONG SUM, {size}"))
-        else:
-            check = at_least(name, busbw, floor, "GB/s busbw")
-            check.detail = size
-            checks.append(check)
+        check = at_least(f"NCCL all-reduce, {gpus} GPUs", busbw, floors["busbw_gbps"], "GB/s busbw")
+        check.detail = f"{level.allreduce_bytes / (1 << 30):g} GiB messages"
+        if not correct:  # a wrong sum fails whatever its speed
+            check.status, check.detail = FAIL, f"WRONG SUM, {check.detail}"
+        checks.append(check)
     else:
         checks.append(Check("GPU peer-to-peer copy", SKIP, detail="one GPU: no pair"))
         checks.append(Check("NCCL all-reduce", SKIP, detail="one GPU: nothing to reduce across"))

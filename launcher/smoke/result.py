@@ -68,3 +68,9 @@ def at_least(name: str, value: float | None, threshold: Threshold, unit: str, ki
         return Check(name, SKIP, None, threshold.value, unit, threshold.source, kind, unreadable, ">=")
     status = PASS if value >= threshold.value else on_low
     return Check(name, status, float(value), threshold.value, unit, threshold.source, kind, op=">=")
+
+
+def sum_check(name: str, correct: bool, value: float, unit: str, size: str) -> Check:
+    """An all-reduce checked for the right sum; its speed is shown, not judged."""
+    said = "correct sum" if correct else "WRONG SUM"
+    return Check(name, PASS if correct else FAIL, value, None, unit, detail=f"{said}, {size}")
