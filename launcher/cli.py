@@ -133,7 +133,31 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. An exception that escapes it is the launcher's own bug: it is reported
+    as such (exit 70, LauncherError, with the frame), never as the user's program failing."""
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _dispatch(argv)
+    except Exception as error:  # noqa: BLE001: everything the subcommands did not classify
+        import os
+        import traceback
+
+        from launcher.core.outcome import internal_error
+        from launcher.core.report import deliver
+
+        traceback.print_exc()
+        termination_log, codes = os.environ.get("LAUNCHER_TERMINATION_LOG") or None, None
+        try:  # the user's retryable set, if it can be read: 70 may be in it
+            from launcher.core.settings import LauncherSettings, load
+
+            launcher = load(LauncherSettings)
+            termination_log, codes = launcher.termination_log, launcher.retryable_exit_codes
+        except Exception:  # noqa: BLE001: the defaults, then
+            pass
+        return deliver(internal_error(error, node=os.environ.get("HOSTNAME")), termination_log, codes)
+
+
+def _dispatch(argv: list[str]) -> int:
     head, rest = _split(argv)
     commands = frameworks()
     args = _parser(commands).parse_args(head)

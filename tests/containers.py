@@ -4,7 +4,9 @@ can be pulled), podman runs them with runc.
 
 What stands in for what a cluster gives a pod:
 - the base image: `debootstrap --variant=minbase bookworm` plus python3, in place of the PyTorch
-  CUDA image (torch comes from the local CPU wheel instead) and of python:3.12-slim;
+  CUDA image (torch comes from the local CPU wheel instead) and of python:3.12-slim; for the
+  Python 3.13 image, a trixie minbase with PyPI's CUDA torch in its own interpreter, the way the
+  PyTorch image carries it (torch_base());
 - the pod network: an --internal podman bridge (no route out), pods at fixed addresses, their
   DNS names from --add-host, the way the headless service names them;
 - the Trainer's Secret and ConfigMap: host directories bind-mounted read-only.
@@ -27,6 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STATE = "/var/tmp/trainer-launcher-test-containers"
 STATE = Path(os.environ.get("TRAINER_LAUNCHER_TEST_CONTAINERS", DEFAULT_STATE))
 BASE = "localhost/trainer-launcher-test-base:bookworm"
+# Debian 13: Python 3.13. Its torch is PyPI's CUDA build (the local CPU wheel is cp311 only): it
+# imports and runs gloo without a GPU. ~3.5 GB of wheels, so the base that carries it is kept and
+# reused; only the launcher's layers above it are rebuilt.
+TRIXIE_BASE = "localhost/trainer-launcher-test-base:trixie"
+TRIXIE_TORCH = "2.15.0"
+TRIXIE_TORCH_BASE = f"localhost/trainer-launcher-test-base:trixie-torch-{TRIXIE_TORCH}"
 TOOLS = ("buildah", "podman", "runc", "debootstrap")
 # The --internal bridge: only these containers, no route off the machine. Networks are global to
 # the machine's podman, not per storage directory: another storage directory (two test runs at
@@ -76,15 +84,16 @@ class Engine:
     def has_image(self, name: str) -> bool:
         return self.podman("image", "exists", name, check=False).returncode == 0
 
-    def build(self, dockerfile: str, tag: str, build_args: dict[str, str], volumes: list[str] = ()) -> None:
-        argv = ["bud", "--isolation", "chroot", "--network", "host", "--layers", "-f", str(REPO / dockerfile), "-t", tag]
+    def build(self, dockerfile: str, tag: str, build_args: dict[str, str], volumes: list[str] = (),
+              context: Path = REPO, timeout: float = 900) -> None:
+        argv = ["bud", "--isolation", "chroot", "--network", "host", "--layers", "-f", str(context / dockerfile), "-t", tag]
         if os.path.exists(CA_BUNDLE):
             argv += ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
         for volume in volumes:
             argv += ["--volume", volume]
         for name, value in build_args.items():
             argv += ["--build-arg", f"{name}={value}"]
-        self.buildah(*argv, str(REPO))
+        self.buildah(*argv, str(context), timeout=timeout)
         # The image this tag named before is now dangling. The store is the machine's, shared by
         # every run: unpruned, each suite run left ~13 GB behind and one filled the disk (564 GB of
         # images, 99% reclaimable). Layers a tagged image still uses are not dangling and stay.
@@ -103,21 +112,40 @@ def _run(argv: list[str], check: bool, timeout: float) -> subprocess.CompletedPr
     return result
 
 
-def make_base(engine: Engine) -> None:
-    """A Debian 12 minbase with python3 and venv: what the Dockerfiles need from a base."""
-    if engine.has_image(BASE):
+def make_base(engine: Engine, suite: str = "bookworm", tag: str = BASE, extra: tuple[str, ...] = ()) -> None:
+    """A Debian minbase (12 unless ``suite`` says otherwise) with python3 and venv: what the
+    Dockerfiles need from a base; ``extra`` packages besides."""
+    if engine.has_image(tag):
         return
-    rootfs = STATE / "rootfs"
+    rootfs = STATE / ("rootfs" if suite == "bookworm" else f"rootfs-{suite}")
     shutil.rmtree(rootfs, ignore_errors=True)
-    _run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-          "bookworm", str(rootfs), "http://deb.debian.org/debian"], True, 900)
-    archive = STATE / "rootfs.tar"
+    _run(["debootstrap", "--variant=minbase", f"--include={','.join(('python3', 'python3-venv', 'ca-certificates', *extra))}",
+          suite, str(rootfs), "http://deb.debian.org/debian"], True, 900)
+    archive = rootfs.with_name(f"{rootfs.name}.tar")
     _run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], True, 300)
     shutil.rmtree(rootfs, ignore_errors=True)
     try:
-        engine.podman("import", str(archive), BASE)
+        engine.podman("import", str(archive), tag)
     finally:
         archive.unlink()
+
+
+def torch_base(engine: Engine) -> str:
+    """Debian 13 (Python 3.13) with PyPI's torch and numpy in the system interpreter, as a PyTorch
+    image carries them; Dockerfile.torch builds on it with TORCH empty, its default. Built once,
+    in one RUN (one layer: vfs stores each layer whole), then reused: a cold build downloads
+    ~3.5 GB of wheels (torch and its nvidia-* libraries) and takes minutes."""
+    if engine.has_image(TRIXIE_TORCH_BASE):
+        return TRIXIE_TORCH_BASE
+    make_base(engine, "trixie", TRIXIE_BASE, extra=("python3-pip",))
+    context = STATE / "trixie-torch"
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "Containerfile").write_text(
+        f"FROM {TRIXIE_BASE}\n"
+        f"RUN python3 -m pip install --no-cache-dir --break-system-packages torch=={TRIXIE_TORCH} numpy \\\n"
+        "    && python3 -c 'import numpy, torch; print(torch.__version__, numpy.__version__)'\n")
+    engine.build("Containerfile", TRIXIE_TORCH_BASE, {}, context=context, timeout=3600)
+    return TRIXIE_TORCH_BASE
 
 
 def engine() -> Engine:

@@ -39,6 +39,17 @@ def torch_image(engine) -> str:
     return tag
 
 
+@pytest.fixture(scope="session")
+def trixie_image(engine) -> str:
+    """Dockerfile.torch on Debian 13 (Python 3.13) whose interpreter carries PyPI's torch, as the
+    PyTorch image's does: TORCH stays empty, the launcher's venv sees the base's torch. The base is
+    built once and kept (containers.torch_base); this build redoes the launcher's layers only when
+    the source changed."""
+    tag = "localhost/trainer-launcher-torch-trixie:test"
+    engine.build("Dockerfile.torch", tag, {"BASE_IMAGE": containers.torch_base(engine)})
+    return tag
+
+
 _mpi_images: dict[str, str] = {}
 
 

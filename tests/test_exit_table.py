@@ -174,7 +174,7 @@ def every_launcher_error_class() -> set[type]:
 
 def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
     """An instance of each class, the exit code the table gives it and whether it is retryable."""
-    from launcher.core.outcome import ConfigError, WaitTimeout
+    from launcher.core.outcome import ConfigError, UnsupportedVersion, WaitTimeout
     from launcher.core.supervisor import SpawnError
 
     return [
@@ -184,7 +184,19 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
         (WaitTimeout("no-such-master:29500 did not resolve within 600s"), TRANSIENT, True),
         (SpawnError("/nonexistent: command not found"), 127, False),
         (SpawnError("/etc/passwd: permission denied", 126), 126, False),
+        (UnsupportedVersion("torch='2.3.1': expected torch >=2.4,<2.16"), CONFIG_ERROR, False),
     ]
+
+
+def test_the_launchers_own_crash_delivers_70_and_agrees_with_the_policy(tmp_path):
+    from launcher.core.outcome import INTERNAL_ERROR, internal_error
+
+    try:
+        raise AttributeError("module has no attribute 'Popen'")
+    except AttributeError as error:
+        outcome = internal_error(error, node="tj-node-0-0")
+    assert outcome.reason == "LauncherError" and "tests/test_exit_table.py" in outcome.message
+    assert_agrees(outcome, tmp_path, INTERNAL_ERROR, False)
 
 
 def test_every_launcher_error_class_is_in_this_table():

@@ -177,6 +177,23 @@ def test_the_real_sdk_update_trainjob_status_reaches_the_relay(relay, tmp_path):
     assert relay.take() == []
 
 
+def test_transformers_own_kubeflow_callback_reaches_the_relay(relay, tmp_path):
+    """A real HF Trainer run (tests/programs/hf_trainer.py): with KUBEFLOW_TRAINER_SERVER_URL set
+    (the relay's, as the launcher gives its ranks), transformers' KubeflowCallback turns itself on
+    and its progress and metrics arrive, as the callback's."""
+    token = tmp_path / "token"
+    token.write_text("projected-token\n")
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "programs" / "hf_trainer.py")], cwd=REPO,
+                          env=clean_env(KUBEFLOW_TRAINER_SERVER_URL=relay.url, KUBEFLOW_TRAINER_SERVER_TOKEN=str(token),
+                                        OUTPUT_DIR=str(tmp_path / "out")),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    seen = relay.take()
+    assert relay.clients == {"hf-callback"}, relay.clients
+    assert seen and seen[-1].percent == 100, seen
+    assert any(dict(s.metrics).get("loss") for s in seen), seen
+
+
 def _post(url: str, body: bytes) -> tuple[int, dict]:
     # what HF's KubeflowCallback sends: urllib, bearer token, JSON
     request = urllib.request.Request(url, data=body, method="POST", headers={

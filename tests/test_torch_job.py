@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IS_ROOT, RANKS, Job, alive, clean_env, free_port, launcher, rank_reports, wait_for
+from conftest import IS_ROOT, RANKS, REPO, Job, alive, clean_env, free_port, launcher, rank_reports, wait_for
 
 
 def start_node(tmp_path: Path, report_dir: Path, rank: int, nnodes: int, port: int, name: str | None = None, **env: str) -> Job:
@@ -164,15 +164,7 @@ def test_sigterm_to_local_stops_every_node(tmp_path, report_dir):
 def test_a_rank_that_records_its_error_has_it_in_the_termination_message(tmp_path):
     """torch's own @record writes the exception to torchrun's error file: its words, not the
     file's JSON, become the termination message's error."""
-    program = tmp_path / "recorded.py"
-    program.write_text(
-        "import os\n"
-        "from torch.distributed.elastic.multiprocessing.errors import record\n"
-        "@record\n"
-        "def main():\n"
-        "    if os.environ['RANK'] == '1':\n"
-        "        raise ValueError('loss is nan at step 7')\n"
-        "main()\n")
+    program = REPO / "tests" / "programs" / "recorded.py"
     job = Job(launcher("torch", "--", "--standalone", "--nproc-per-node", "2", str(program)), clean_env(), tmp_path)
     assert job.wait() == 1, job.stderr
     message = job.termination()

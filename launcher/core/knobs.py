@@ -43,6 +43,10 @@ KNOBS: dict[str, Knob] = {
         "LAUNCHER_KEEP_NPROC", "--keep-nproc",
         "1: run PET_NPROC_PER_NODE processes even when fewer accelerators are visible; "
         "default 0: one process per visible accelerator"),
+    "allow_untested_versions": Knob(
+        "LAUNCHER_ALLOW_UNTESTED_VERSIONS", "--allow-untested-versions",
+        "1: run a torch, JAX, XGBoost, mpi4py or Python outside the supported range (one warning); "
+        "default 0: refuse it at start (exit 2)"),
     "hang_timeout": Knob(
         "LAUNCHER_HANG_TIMEOUT", "--hang-timeout",
         "end the job as a retryable Hang (138), with every rank's Python stack, when no progress "

@@ -16,6 +16,14 @@ import re
 import signal
 from dataclasses import dataclass, field, replace
 
+# INTERNAL_ERROR (70, sysexits' EX_SOFTWARE): a failure of the launcher itself, a bug in it, its
+# torch agent or its runners (told apart by launcher.core.crash), never the code of the user's
+# program. Permanent under the default set, on purpose: a launcher bug is deterministic for one
+# image and environment, and a retry restarts the whole JobSet only to meet it again. The reason
+# (LauncherError) and the code tell it apart from the program failing; whoever prefers a retry
+# adds 70 to LAUNCHER_RETRYABLE_EXIT_CODES, and the runtimes' policy follows from the same set.
+from launcher.core.crash import INTERNAL_ERROR, REASON as INTERNAL_REASON, crash_site, describe
+
 SUCCESS = 0
 CONFIG_ERROR = 2
 COMMAND_NOT_FOUND = 127
@@ -84,6 +92,13 @@ class ConfigError(LauncherError):
         else:
             shown = f"{name}={'***' if secret else repr(value)}"
         super().__init__(f"{shown}: expected {expected}")
+
+
+class UnsupportedVersion(LauncherError):
+    """A framework (or Python) outside the supported range (launcher.core.versions), refused at
+    start rather than left to fail mid-job."""
+
+    reason = "UnsupportedVersion"
 
 
 class WaitTimeout(LauncherError):
@@ -244,6 +259,21 @@ def classify(
     if code in retryable_codes:
         return Outcome(code, "Killed" if sig else "RetryableExit", f"{what} {how}", root_cause)
     return Outcome(code, "Signaled" if sig else "Failed", f"{what} {how}", root_cause)
+
+
+def internal_error(error: BaseException | str, where: str | None = None, node: str | None = None) -> Outcome:
+    """The launcher's own crash, named as such: its version, the exception and the frame in the
+    launcher it came from. ``error``: the exception, or its text as another process reported it."""
+    from launcher import __version__
+
+    if isinstance(error, BaseException):
+        where = where or crash_site(error)
+        error = describe(error)
+    on = f" on {node}" if node else ""
+    at = f" at {where}" if where else ""
+    return Outcome(INTERNAL_ERROR, INTERNAL_REASON,
+                   f"trainer-launcher {__version__} failed{on} (a bug in the launcher, not your program): "
+                   f"{_shorten(str(error), 500)}{at}", RootCause(node=node) if node else None)
 
 
 def terminated(signum: int) -> Outcome:

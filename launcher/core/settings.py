@@ -214,6 +214,7 @@ class LauncherSettings(Settings):
     retryable_pattern: Annotated[str | None, NoDecode, parsed(parse_regex)] = _knob("retryable_pattern", None)
     log_format: Annotated[str, NoDecode, parsed(parse_choice("text", "json"))] = _knob("log_format", "text")
     keep_nproc: Annotated[bool, NoDecode, parsed(parse_bool)] = _knob("keep_nproc", False)
+    allow_untested_versions: Annotated[bool, NoDecode, parsed(parse_bool)] = _knob("allow_untested_versions", False)
     hang_timeout: Annotated[float, NoDecode, parsed(parse_duration)] = _knob("hang_timeout", 0.0)
     hang_startup: Annotated[float, NoDecode, parsed(parse_duration)] = _knob("hang_startup", 0.0)
     progress_regex: Annotated[str | None, NoDecode, parsed(parse_regex)] = _knob("progress_regex", None)

@@ -109,13 +109,15 @@ def _run(launcher_overrides, jax_overrides, rest, supervisor: Supervisor, runner
 def make_plan(jax_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings,
               require_program: bool = True) -> JaxPlan:
     """Validate JAX_* and the launcher's knobs, read the host, plan."""
-    from launcher.core import settings
+    from launcher.core import settings, versions
     from launcher.core.devices import probe_host
     from launcher.core.outcome import ConfigError
     from launcher.core.settings import HostEnv
     from launcher.jax.plan import JaxFacts, plan_jax
     from launcher.jax.settings import JaxSettings, load_jax
 
+    # This interpreter's Python; the runner checks the program's jax where it runs.
+    versions.check("python", allow=launcher.allow_untested_versions)
     jax = load_jax(jax_overrides)
     if not rest:
         if require_program:
@@ -156,6 +158,8 @@ def supervise(plan: JaxPlan, launcher: LauncherSettings, supervisor: Supervisor,
     # Progress, the TrainJob's status (process 0 sends) and hangs.
     monitor = start_monitor(launcher, supervisor, node=plan.node, sends=plan.process_id == 0)
     watched = monitor.rank_env() if monitor is not None else {}
+    if getattr(launcher, "allow_untested_versions", False):  # --allow-untested-versions 1: the runner reads
+        watched = {**watched, "LAUNCHER_ALLOW_UNTESTED_VERSIONS": "1"}  # only the variable, after the go word
     try:
         child = runner
         try:
@@ -228,7 +232,7 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
     """How this pod's JAX process ended, as a row of the exit-code table that names the process."""
     from launcher.core.job_outcome import stopped_by
     from launcher.core.outcome import (
-        CONFIG_ERROR, TRANSIENT, Outcome, RootCause, classify, signal_name, success, terminated,
+        CONFIG_ERROR, TRANSIENT, Outcome, RootCause, classify, internal_error, signal_name, success, terminated,
     )
 
     node, pid = plan.node, plan.process_id
@@ -250,10 +254,14 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
                            what=f"JAX process {root.rank} on {root.node}")
         outcome = stopped_by(outcome, what)
         return outcome.with_extra(error=record["error"]) if record.get("error") else outcome
+    if role == "launcher":  # the runner's own bug, not the program's failure (launcher/core/crash.py)
+        return internal_error(str(report.get("error")), report.get("where"), node).with_extra(**tail)
     if role == "init":
         return Outcome(TRANSIENT, "RendezvousFailed",
                        f"{what} could not join the coordinator at {plan.coordinator_address}: {report.get('error')}",
                        cause, child.evidence, tail)
+    if role == "version":  # the runner refused the interpreter's jax before importing it (core/versions.py)
+        return Outcome(CONFIG_ERROR, "UnsupportedVersion", f"{what}: {report.get('error')}", RootCause(node=node, rank=pid))
     if role == "import":
         return Outcome(CONFIG_ERROR, "ConfigError", f"{plan.argv[0]} cannot import jax: {report.get('error')}",
                        RootCause(node=node, rank=pid))

@@ -21,13 +21,20 @@ the real exit code is lost. Through the coordination service's key-value store i
 
 A successful run ends with a barrier of its own, watched the same way, before JAX's.
 
+Before ``import jax`` it checks the installed version against the supported range
+(launcher/core/versions.py): outside it, after the go word, one line and exit 2 (reported as
+UnsupportedVersion), unless LAUNCHER_ALLOW_UNTESTED_VERSIONS=1 (one warning line).
+
 Run by path, not as ``-m launcher.jax.run``, so any interpreter that has jax can run it: it imports
-nothing but the standard library and jax, and reads its few variables itself (the launcher has
-validated them already; run by hand, a bad value is one line and exit 2).
+nothing but the standard library and jax, and two stdlib-only files of the launcher loaded by path
+(``load_sibling``): compat.py, through which every use of jax's internals goes, and
+../core/versions.py. It reads its few variables itself (the launcher has validated them already;
+run by hand, a bad value is one line and exit 2).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -56,6 +63,29 @@ PEER_LOSS = re.compile(r"[Cc]onnection (?:reset|closed) by peer|remote process e
 
 def _say(message: str) -> None:
     print(f"trainer-launcher: jax: {message}", file=sys.stderr, flush=True)
+
+
+def load_sibling(relative: str, name: str):
+    """A stdlib-only module of the launcher, by path (this file may run where ``launcher`` cannot
+    be imported), under ``name``: never a name the program's own modules could have."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it executes
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+# Every use of jax's internals, behind feature checks (launcher/jax/compat.py).
+compat = load_sibling("compat.py", "_trainer_launcher_jax_compat")
+# The runner's own bug told apart from the program's failure (launcher/core/crash.py).
+crash = load_sibling(os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
 
 
 def _usage_error(message: str) -> None:
@@ -166,6 +196,36 @@ def describe(error: BaseException | None) -> str | None:
     return text[:ERROR_LIMIT]
 
 
+# --- which jax ------------------------------------------------------------------------------------
+
+
+def check_version(version: str | None = None, environ: dict[str, str] | None = None) -> str | None:
+    """The installed jax (or ``version``) against the range the launcher supports
+    (launcher/core/versions.py, read without importing jax): the one line that refuses it, or
+    None. Out of range but allowed (LAUNCHER_ALLOW_UNTESTED_VERSIONS=1): one warning line, None."""
+    versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
+    line = versions.refusal("jax", version)
+    if line is None:
+        return None
+    if not versions.allowed((os.environ if environ is None else environ).get(versions.ALLOW_ENV)):
+        return line
+    if line not in _warned:
+        _warned.add(line)
+        _say(f"warning: {line.rsplit('; ', 1)[0]}; running it anyway ({versions.ALLOW_ENV}=1)")
+    return None
+
+
+_warned: set[str] = set()
+
+
+def version_gate(config: Config, version: str | None = None) -> None:
+    """Refuse a jax out of range: report it (role ``version``), one line, exit 2."""
+    refused = check_version(version)
+    if refused is not None:
+        report(config, {"role": "version", "processId": config.process_id, "error": refused})
+        _usage_error(refused)
+
+
 # --- the launcher's side ----------------------------------------------------------------------
 
 
@@ -264,7 +324,7 @@ class Session:
     def __init__(self, jax, config: Config):
         self.jax = jax
         self.config = config
-        self.client = None
+        self.store = None
         self._finishing = threading.Lock()  # the watcher or the main thread, whichever ends us
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -283,14 +343,10 @@ class Session:
             report(config, {"role": "init", "processId": config.process_id, "error": text})
             _say(f"process {config.process_id} could not join the coordinator at {config.coordinator}: {text}")
             leave(INIT_FAILED)
-        try:
-            from jax._src import distributed as internals
-
-            self.client = internals.global_state.client
-        except (ImportError, AttributeError):
-            self.client = None  # another JAX layout: no stop records, the exit codes still hold
+        if config.num_processes > 1:  # None: no stop records, the exit codes still hold (said once)
+            self.store = compat.coordination_store()
         self._patch()
-        if self.client is not None and config.num_processes > 1:
+        if self.store is not None and config.num_processes > 1:
             self._watcher = threading.Thread(target=self._watch, name="trainer-launcher-jax", daemon=True)
             self._watcher.start()
 
@@ -330,7 +386,7 @@ class Session:
     def _watch(self) -> None:
         while not self._closing.is_set():
             try:
-                value = self.client.blocking_key_value_get(STOP_KEY, WATCH_MS)
+                value = self.store.get(STOP_KEY, WATCH_MS)
             except Exception as error:  # noqa: BLE001 - a timeout, or a store that is gone
                 if "DEADLINE_EXCEEDED" not in str(error):
                     self._closing.wait(WATCH_MS / 1000)  # JAX's own error polling ends us if it is gone
@@ -353,7 +409,7 @@ class Session:
         """Say we read the stop record; process 0 keeps the store up until everyone has."""
         config = self.config
         try:
-            self.client.key_value_set(ACK_PREFIX + str(config.process_id), "1", allow_overwrite=True)
+            self.store.set(ACK_PREFIX + str(config.process_id), "1", overwrite=True)
         except Exception:  # noqa: BLE001 - the store is gone: nobody left to read it
             return
         if config.process_id != 0:
@@ -361,17 +417,14 @@ class Session:
         deadline = time.monotonic() + LINGER
         while time.monotonic() < deadline:
             try:
-                if len(self.client.key_value_dir_get(ACK_PREFIX)) >= config.num_processes:
+                if len(self.store.dir_get(ACK_PREFIX)) >= config.num_processes:
                     return
             except Exception:  # noqa: BLE001
                 return
             time.sleep(0.02)
 
     def _try_get(self, key: str) -> str | None:
-        try:
-            return self.client.key_value_try_get(key)
-        except Exception:  # noqa: BLE001 - not there (NOT_FOUND), or no store
-            return None
+        return self.store.try_get(key)
 
     # --- how the program ended ------------------------------------------------------------------
 
@@ -381,19 +434,19 @@ class Session:
         if not self._finishing.acquire(blocking=False):
             threading.Event().wait()  # the watcher is ending the process for a peer's failure
         mine = {"processId": config.process_id, "node": config.node, "exitCode": code, "error": error}
-        if self.client is None or config.num_processes == 1:
+        if self.store is None or config.num_processes == 1:
             report(config, {"role": "root", **mine})
             leave(code)
         existing = self._try_get(STOP_KEY)
         if existing is None and error and PEER_LOSS.search(error):
             try:
-                existing = self.client.blocking_key_value_get(STOP_KEY, int(PEER_WAIT * 1000))
+                existing = self.store.get(STOP_KEY, int(PEER_WAIT * 1000))
             except Exception:  # noqa: BLE001 - nobody published: a peer vanished without a word
                 report(config, {"role": "lost", **mine})
                 leave(code)
         if existing is None:
             try:
-                self.client.key_value_set(STOP_KEY, json.dumps(mine), allow_overwrite=False)
+                self.store.set(STOP_KEY, json.dumps(mine), overwrite=False)
             except Exception:  # noqa: BLE001 - another process published first
                 existing = self._try_get(STOP_KEY)
         if existing is not None and not json.loads(existing).get("done"):
@@ -411,17 +464,26 @@ class Session:
         if self._watcher is None:
             return
         try:
-            self.client.wait_at_barrier(FINISHED_BARRIER, FINISH_TIMEOUT_MS)
+            self.store.barrier(FINISHED_BARRIER, FINISH_TIMEOUT_MS)
         except Exception as error:  # noqa: BLE001 - a peer failed or vanished
             time.sleep(PEER_WAIT)  # its stop record, if any, reaches the watcher meanwhile
             self.failed(1, f"the job's final barrier failed: {describe(error)}")
         try:
-            self.client.key_value_set(STOP_KEY, json.dumps({"done": True}), allow_overwrite=False)
+            self.store.set(STOP_KEY, json.dumps({"done": True}), overwrite=False)
         except Exception:  # noqa: BLE001 - another process woke them first
             pass
         self._closing.set()
         self._watcher.join()
 
+
+
+def _import_jax():
+    """(jax, None), or (None, the error in a line): ImportError, or a broken install, said after go."""
+    try:
+        import jax
+    except Exception as error:  # noqa: BLE001
+        return None, describe(error)
+    return jax, None
 
 
 def register_stacks() -> None:
@@ -436,30 +498,46 @@ def register_stacks() -> None:
     finally:
         sys.path.remove(hook)
 
+# Where crashed() finds the report path once main() has taken REPORT_ENV from the program's sight.
+_reports_to: list[str | None] = []
+
+
+def crashed(error: BaseException, report_path: str | None) -> None:
+    """This runner's own bug (the program's failures never get here: run_program catches them):
+    its traceback, then a report the launcher turns into LauncherError, exit 70."""
+    import traceback
+
+    traceback.print_exception(error)
+    if report_path:
+        report(Config({REPORT_ENV: report_path}), {"role": "launcher", "error": crash.describe(error),
+                                                    "where": crash.crash_site(error)})
+    leave(crash.INTERNAL_ERROR)
+
+
 def main(argv: list[str] | None = None) -> None:
     go_fd, argv = split_go_fd(sys.argv[1:] if argv is None else argv)
     go = Go(go_fd)
     kind, target, args = parse_target(argv)
     _fix_sys_path(kind, target)
-    try:
-        import jax
-    except Exception as error:  # noqa: BLE001 - ImportError, or a broken install: said after go
-        jax, import_error = None, describe(error)
-    else:
-        import_error = None
+    # Before the import: a jax out of range is never loaded (refused after the go word, so a
+    # runner the launcher sends away leaves quietly).
+    refused = check_version()
+    if refused is None:
+        jax, import_error = _import_jax()
     os.environ.update(go.wait().get("env", {}))
     register_stacks()
     config = Config(dict(os.environ))
+    _reports_to.append(config.report_path)  # for crashed(): the next line hides it from the program
     for name in (REPORT_ENV, INIT_TIMEOUT_ENV):
         os.environ.pop(name, None)  # ours, not the program's
+    if refused is not None:
+        version_gate(config)  # the go word may carry LAUNCHER_ALLOW_UNTESTED_VERSIONS
+        jax, import_error = _import_jax()
     if import_error is not None:
         report(config, {"role": "import", "processId": config.process_id, "error": import_error})
         _usage_error(f"{sys.executable} cannot import jax: {import_error}")
-    if os.environ.get(CPU_COLLECTIVES_ENV):
-        try:  # jax read its variables at import, before the launcher's word came
-            jax.config.update("jax_cpu_collectives_implementation", os.environ[CPU_COLLECTIVES_ENV])
-        except Exception:  # noqa: BLE001 - a JAX without the option, or a value it refuses: its own error later
-            pass
+    if os.environ.get(CPU_COLLECTIVES_ENV):  # jax read its variables at import, before the launcher's word came
+        compat.cpu_collectives(jax, os.environ[CPU_COLLECTIVES_ENV])
     session = None
     if config.coordinator is not None:
         session = Session(jax, config)
@@ -476,4 +554,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as error:  # noqa: BLE001: jax's own errors and the program's go on as before
+        if not crash.raised_in_launcher(error):
+            raise
+        crashed(error, _reports_to[-1] if _reports_to else os.environ.get(REPORT_ENV))

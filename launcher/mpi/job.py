@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import replace
 
-from launcher.core import log, netwait, settings
+from launcher.core import log, netwait, settings, versions
 from launcher.core.exec_job import supervise
 from launcher.mpi import ssh
 from launcher.mpi.detect import MpiImpl, detect, find_libmpi
@@ -69,6 +69,8 @@ def facts(rest: list[str], impl: MpiImpl) -> MpiFacts:
 def make_plan(mpi_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings) -> tuple[MpiSettings, MpiPlan]:
     """Read the MPI settings and the hostfile, detect the MPI, plan the run. A hostfile option in
     the mpirun flags (the SDK's `mpirun --hostfile /etc/mpi/hostfile ...`) names the hostfile."""
+    # The ranks check their own mpi4py too (launcher.mpi.rank): their interpreter may be another.
+    versions.check("python", "mpi4py", allow=launcher.allow_untested_versions)
     if option := hostfile_option(split_mpirun_args(rest)[0]):
         mpi_overrides = {**mpi_overrides, "hostfile": Override(option[1], f"mpirun {option[0]}")}
     mpi = settings.load(MpiSettings, mpi_overrides)

@@ -125,7 +125,21 @@ def abort_through(path: str, status: int, exc: BaseException) -> None:
     MPI.COMM_WORLD.Abort(status)
 
 
+def unsupported_mpi4py() -> str | None:
+    """This rank's mpi4py outside the supported range (launcher.core.versions), as one line."""
+    from launcher.core import versions
+
+    line = versions.refusal("mpi4py")
+    if line is None or versions.allowed(os.environ.get(versions.ALLOW_ENV)):
+        return None
+    return line
+
+
 def main() -> None:
+    if line := unsupported_mpi4py():
+        print(f"trainer-launcher: error: {line}", file=sys.stderr, flush=True)
+        report(2, line)
+        sys.exit(2)
     from mpi4py import run
 
     try:

@@ -21,6 +21,9 @@ import sys
 import threading
 from typing import NoReturn
 
+from launcher.core.crash import INTERNAL_ERROR, crash_site, describe, raised_in_launcher
+from launcher.torch import compat
+
 
 def _write_json(path: str, data: object) -> None:
     temporary = f"{path}.tmp"
@@ -29,30 +32,18 @@ def _write_json(path: str, data: object) -> None:
     os.replace(temporary, path)
 
 
-def _track_workers(workers: list) -> None:
-    """torchrun starts each worker in a new session; give them PR_SET_PDEATHSIG so a SIGKILLed
-    agent (or launcher) never leaves ranks running, and keep their handles for the peer watcher."""
+_AGENT_PID = os.getpid()
+
+
+def _bound_to_agent() -> None:
+    """In each rank before it execs: PR_SET_PDEATHSIG, so a SIGKILLed agent (or launcher) never
+    leaves ranks running; exit at once if the agent is already gone."""
     import ctypes
 
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    real_popen = subprocess_handler.Popen
-
-    def popen(*args, **kwargs):
-        parent = os.getpid()
-
-        def in_child() -> None:
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-            if os.getppid() != parent:
-                os._exit(128 + signal.SIGKILL)
-
-        kwargs.setdefault("preexec_fn", in_child)
-        process = real_popen(*args, **kwargs)
-        workers.append(process)
-        return process
-
-    subprocess_handler.Popen = popen
+    parent = _AGENT_PID
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGKILL)
 
 
 def _failure_record(failures: dict) -> dict:
@@ -86,74 +77,12 @@ def _recorded_message(failure) -> str | None:
     return str(message)[:1000] if message else None
 
 
-def _publish_final_failures(peers) -> None:
-    """Tell the other nodes the moment torchrun sees a failure it will not restart from, before
-    it spends time stopping the other local ranks."""
-    from torch.distributed.elastic.agent.server.api import WorkerState
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    monitor = LocalElasticAgent._monitor_workers
-
-    def watched(self, worker_group):
-        result = monitor(self, worker_group)
-        final = getattr(self, "_remaining_restarts", 0) <= 0
-        if final and result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-            peers.publish_stop(_stop_record(result.failures))
-        return result
-
-    LocalElasticAgent._monitor_workers = watched
-
-
 def _stop_record(failures: dict) -> dict:
     if not failures:
         return {}
     record = _failure_record(failures)
     root = next(f for f in record["failures"] if f["rank"] == record["rootRank"])
     return {key: root[key] for key in ("rank", "localRank", "exitCode", "signal")}
-
-
-def _stop_within_grace(timeout: int) -> None:
-    """torchrun gives its ranks its shutdown timeout (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, which the
-    agent sets to our grace) only when it is signalled. When a rank fails, the process context
-    stops the others with close()'s default of 30 s, and LocalElasticAgent._stop_workers again
-    with a hardcoded 30 s: a rank that ignores SIGTERM holds the job for 30 s whatever the grace.
-    Both follow the timeout here. (torchrun's --shutdown-timeout came with pytorch#172596; torch
-    2.13 still hardcodes these two, pytorch#192815.) Each patch only where torch has the method."""
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from torch.distributed.elastic.multiprocessing.api import PContext
-
-    if hasattr(PContext, "close"):
-        close = PContext.close
-
-        def close_within(self, death_sig=None, timeout: float = timeout) -> None:
-            close(self, death_sig, timeout)
-
-        PContext.close = close_within
-
-    if hasattr(LocalElasticAgent, "_stop_workers") and hasattr(LocalElasticAgent, "_shutdown"):
-        def stop_workers(self, worker_group) -> None:
-            self._shutdown(timeout=getattr(self, "_shutdown_timeout", timeout))
-
-        LocalElasticAgent._stop_workers = stop_workers
-
-
-def _terminate_once() -> None:
-    """torchrun turns SIGTERM into an exception in its main thread. A second one (the launcher's
-    teardown and a peer's stop record may both send one) lands inside its shutdown and leaves a
-    "Logging error" traceback in the log. After the first, stopping is under way: later ones are
-    ignored (the launcher still SIGKILLs what is left after the grace period)."""
-    from torch.distributed.elastic.multiprocessing import api
-
-    first = getattr(api, "_terminate_process_handler", None)
-    if first is None:
-        return
-
-    def once(signum, frame) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_IGN)
-        first(signum, frame)
-
-    api._terminate_process_handler = once
 
 
 def _shutdown_timeout(grace: float) -> int:
@@ -197,6 +126,7 @@ class Agent:
         self.grace = grace
         self.peers = None
         self.workers: list = []
+        self.find_workers = lambda: self.workers  # torchrun's ranks, as Popen-like handles
         self._stopping = False  # we SIGTERMed ourselves because a peer failed
         self._finishing = threading.Lock()
 
@@ -219,11 +149,21 @@ class Agent:
             code = error.code if isinstance(error.code, int) else 2
             if code:
                 self.finish({"agentError": "torchrun rejected its arguments", "exitCode": code})
-        except Exception as error:  # rendezvous and store failures end up here
+        except Exception as error:  # rendezvous and store failures end up here, and our hooks' bugs
+            if raised_in_launcher(error):
+                self.crashed(error)
             print(f"trainer-launcher: torchrun failed: {type(error).__name__}: {error}", file=sys.stderr)
             self.finish({"agentError": f"{type(error).__name__}: {error}"[:1000], "type": type(error).__name__,
                          "exitCode": 1})
         self.finish({"succeeded": True, "exitCode": 0})
+
+    def crashed(self, error: BaseException) -> NoReturn:
+        """The agent's own bug (not torchrun's, not the program's): report it as the launcher's."""
+        import traceback
+
+        traceback.print_exception(error)
+        self.finish({"launcherError": describe(error), "where": crash_site(error),
+                     "exitCode": INTERNAL_ERROR})
 
     def _stopped_by(self) -> dict:
         peers = self.peers
@@ -233,14 +173,15 @@ class Agent:
         """A peer failed (watcher thread). With ranks running, SIGTERM ourselves: torchrun's own
         handler stops them and raises in the main thread, which finishes. Without (torchrun sits in
         its exit barrier, blocked in the store, where no signal handler runs), finish from here."""
-        if any(worker.poll() is None for worker in self.workers):
+        workers = self.find_workers()
+        if any(worker.poll() is None for worker in workers):
             self._stopping = True
             os.kill(os.getpid(), signal.SIGTERM)
             # torchrun waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT (the grace period) for its ranks.
             threading.Event().wait(self.grace + 10)
             from launcher.torch.peers import stop_local_ranks
 
-            stop_local_ranks(self.workers, 0)
+            stop_local_ranks(workers, 0)
             self.finish({"stoppedBy": record, "exitCode": 128 + signal.SIGTERM})
         self.finish({"stoppedBy": record, "succeeded": True, "exitCode": 0})
 
@@ -270,6 +211,14 @@ def main(argv: list[str]) -> int:
 
     control = os.fdopen(int(arg("--control-fd")), "rb")
     agent = Agent(control, int(arg("--status-fd")), arg("--report"), arg("--job"), 25.0)
+    try:
+        return _run(agent)
+    except Exception as error:  # noqa: BLE001: anything torchrun.main did not raise is ours
+        agent.crashed(error)
+
+
+def _run(agent: Agent) -> int:
+    control = agent.control
     # The launcher sends SIGUSR1/SIGUSR2 to every rank's group directly; the agent must survive them.
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda *_: None)
@@ -294,16 +243,17 @@ def main(argv: list[str]) -> int:
     agent.grace = float(plan.get("grace", agent.grace))
     # How long torchrun gives its ranks after SIGTERM: the launcher's grace, unless you chose.
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(agent.grace))))
-    _stop_within_grace(_shutdown_timeout(agent.grace))
-    _terminate_once()
+    compat.stop_within_grace(_shutdown_timeout(agent.grace))
+    compat.terminate_once()
     _prepare_dump_dir()
-    _track_workers(agent.workers)
+    if not compat.bind_workers(agent.workers, _bound_to_agent):
+        agent.find_workers = compat.child_processes
     if plan.get("peers"):
         from launcher.torch.peers import PeerConfig, Peers
 
-        agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop, _dump_local_stacks)
-        _publish_final_failures(agent.peers)
-        agent.peers.start()
+        peers = agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop, _dump_local_stacks)
+        compat.publish_final_failures(lambda failures: peers.publish_stop(_stop_record(failures)))
+        peers.start()
     agent.run(torchrun, plan["args"])
     return 0
 

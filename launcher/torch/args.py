@@ -77,6 +77,30 @@ FLAGS: tuple[Flag, ...] = (
     _switch("virtual_local_rank", "--virtual-local-rank", "--virtual_local_rank"),
 )
 BY_DEST = {flag.dest: flag for flag in FLAGS}
+
+
+@functools.lru_cache(maxsize=1)
+def grammar() -> tuple[dict[str, Flag], str]:
+    """The flags of the torchrun installed here (launcher.torch.compat reads them from its source,
+    without importing torch), by dest, and the torch they come from. A flag of a newer torchrun
+    than our table's passes through; one the installed torchrun lacks is refused as torchrun
+    would refuse it. Without torch here (a plan made elsewhere), our table: torch {TORCH_CHECKED}."""
+    from launcher.torch import compat
+
+    installed = compat.torchrun_flags()
+    if installed is None:
+        return BY_DEST, TORCH_CHECKED
+    flags = {}
+    for found in installed.flags:
+        known = BY_DEST.get(found.dest)
+        flags[found.dest] = Flag(found.dest, found.options, found.takes_value, found.kind,
+                                 known.choices if known else (), found.from_env)
+    return flags, installed.version
+
+
+def flag(dest: str) -> Flag:
+    """A flag by dest: the installed torchrun's, else our table's (a flag the plan writes)."""
+    return grammar()[0].get(dest) or BY_DEST[dest]
 # argparse's own -h/--help: part of the grammar (``--he`` abbreviates it), never run by the launcher.
 HELP = ("-h", "--help")
 _PLACEHOLDER = "SCRIPT"
@@ -111,8 +135,8 @@ class _Parser(argparse.ArgumentParser):
 class _Record(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         typed = Given(True if self.nargs == 0 else values, option_string or self.dest)
-        if self.dest in BY_DEST:
-            _check_type(BY_DEST[self.dest], typed)  # every occurrence, as torchrun converts each one
+        if self.dest in grammar()[0]:
+            _check_type(grammar()[0][self.dest], typed)  # every occurrence, as torchrun converts each one
         namespace.given[self.dest] = typed
 
 
@@ -121,8 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     # The same construction torchrun uses (allow_abbrev, prefix '-'), so argparse tokenises alike.
     parser = _Parser(prog="torchrun", add_help=False, exit_on_error=False)
     parser.add_argument(*HELP, dest="help", action=_Record, nargs=0, default=argparse.SUPPRESS)
-    for flag in FLAGS:
-        parser.add_argument(*flag.options, dest=flag.dest, action=_Record, nargs=None if flag.takes_value else 0,
+    for known in grammar()[0].values():
+        parser.add_argument(*known.options, dest=known.dest, action=_Record, nargs=None if known.takes_value else 0,
                             default=argparse.SUPPRESS)
     parser.add_argument("training_script")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
@@ -169,8 +193,8 @@ def _check_type(flag: Flag, typed: Given) -> None:
 
 
 def _flag_error(error: argparse.ArgumentError) -> ConfigError:
-    flag = next((f for f in FLAGS if "/".join(f.options) == error.argument_name), None)
-    name = flag.spelling if flag else str(error.argument_name)
+    found = next((f for f in grammar()[0].values() if "/".join(f.options) == error.argument_name), None)
+    name = found.spelling if found else str(error.argument_name)
     if "ignored explicit argument" in error.message:
         value = error.message.split("'", 1)[1].rsplit("'", 1)[0]
         return ConfigError(name, value, f"no value: {name} is a switch")
@@ -183,7 +207,8 @@ def _line_error(message: str) -> ConfigError:
         return ConfigError("torchrun flag", option, f"one torchrun flag, but it abbreviates several: {matches}")
     if message.startswith("unrecognized arguments: "):
         unknown = message.removeprefix("unrecognized arguments: ").split(" ")[0]
-        return ConfigError("torchrun flag", unknown, f"a flag torchrun knows (torch {TORCH_CHECKED}); "
+        return ConfigError("torchrun flag", unknown, f"a flag the torchrun of torch {grammar()[1]} knows "
+                                                     f"(torchrun: error: {message}); "
                                                      "put the script's own flags after the script")
     return ConfigError("torchrun flags", None, message)
 
@@ -195,14 +220,14 @@ def render(given: dict[str, Given | str | bool], order: list[str]) -> list[str]:
     for dest in order:
         value = given[dest]
         value = value.value if isinstance(value, Given) else value
-        flag = BY_DEST[dest]
-        if not flag.takes_value:
+        written = flag(dest)
+        if not written.takes_value:
             if value:
-                argv.append(flag.spelling)
+                argv.append(written.spelling)
         elif str(value) == "" or str(value).startswith("-"):
-            argv.append(f"{flag.spelling}={value}")
+            argv.append(f"{written.spelling}={value}")
         else:
-            argv += [flag.spelling, str(value)]
+            argv += [written.spelling, str(value)]
     return argv
 
 

@@ -16,8 +16,8 @@ import time
 from typing import TYPE_CHECKING
 
 from launcher.core.outcome import (
-    CONFIG_ERROR, PEER_LOSS_PATTERN, TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex, success,
-    terminated,
+    CONFIG_ERROR, PEER_LOSS_PATTERN, TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex,
+    internal_error, success, terminated,
 )
 from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
 from launcher.core.supervisor import Child, Interrupted, Supervisor
@@ -39,12 +39,13 @@ def make_plan(rest: list[str], require_program: bool = True,
     """Read and validate the environment and the torchrun flags after ``--``; plan the run.
     ``launcher``: the loaded knobs, flags included (None: their defaults). What the plan changed
     on its own (fewer accelerators than PET_NPROC_PER_NODE) is logged here."""
-    from launcher.core import log, settings
+    from launcher.core import log, settings, versions
     from launcher.core.devices import probe_host
     from launcher.core.settings import HostEnv
     from launcher.torch.settings import TorchSettings
     from launcher.torch.plan import plan_torch, split_torchrun_args
 
+    versions.check("python", "torch", allow=launcher is not None and launcher.allow_untested_versions)
     run = split_torchrun_args(rest)
     torch = settings.load(TorchSettings, run.overrides)
     sources = {
@@ -272,6 +273,8 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
             tail = {**tail, "error": root["message"]}
         failed = [f["rank"] for f in report["failures"]]
         return outcome.with_extra(failedRanks=failed, **tail)
+    if "launcherError" in report:
+        return internal_error(report["launcherError"], report.get("where"), node).with_extra(**tail)
     if "error" in report:
         return Outcome(CONFIG_ERROR, "ConfigError", report["error"], RootCause(node=node))
     if "agentError" in report:
@@ -280,6 +283,12 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
             return Outcome(TRANSIENT, "RendezvousFailed", message, RootCause(node=node), agent.evidence, tail)
         if report.get("exitCode"):
             return Outcome(CONFIG_ERROR, "ConfigError", message, RootCause(node=node))
+    if not report and returncode is not None and returncode > 0:
+        # The agent reports every way torchrun ends; exiting on its own without a report, it
+        # crashed (an uncaught exception: its traceback's last line is in its output).
+        last = next((line for line in reversed(agent.tail) if line.strip()), "the torch agent exited "
+                    f"with code {returncode} without a report")
+        return internal_error(last.strip(), None, node).with_extra(**tail)
     return classify(returncode if returncode is not None else 1, retryable_codes=codes, evidence=agent.evidence,
                     root_cause=RootCause(node=node), what=f"torchrun on {node}").with_extra(**tail)
 

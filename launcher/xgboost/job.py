@@ -199,13 +199,15 @@ class _Pod:
         self._close("runner-go-r")
 
     def run(self, launcher: LauncherSettings, xgboost_overrides: dict[str, Override], rest: list[str]) -> Outcome:
-        from launcher.core import log, workspace
+        from launcher.core import log, versions, workspace
         from launcher.core.outcome import LauncherError, WaitTimeout, evidence_regex
 
         self.launcher = launcher
         self.supervisor.grace_period = launcher.grace_period
         self.supervisor.evidence = evidence_regex(launcher.retryable_pattern)
         try:
+            # This interpreter's Python; the runners check the program's xgboost where it runs.
+            versions.check("python", allow=launcher.allow_untested_versions)
             self.plan = plan = make_plan(xgboost_overrides, rest)
         except LauncherError as error:
             return error.outcome().on_node(socket.gethostname())
@@ -216,6 +218,7 @@ class _Pod:
         # Progress, the TrainJob's status (pod 0 sends) and hangs.
         self.monitor = start_monitor(launcher, self.supervisor, node=plan.node, sends=plan.pod_index == 0)
         self.watched = self.monitor.rank_env() if self.monitor is not None else {}
+        self.watched.update(allowed_env(launcher))  # the runners' version gate reads it after the go word
         deadline = time.monotonic() + launcher.rendezvous_timeout
         try:
             self._open_board()
@@ -515,7 +518,10 @@ class _Pod:
         return bool(runner_module.PEER_LOSS.search("\n".join(spawned.child.tail)))
 
     def _worker_outcome(self, spawned: _Spawned) -> Outcome:
-        from launcher.core.outcome import TRANSIENT, Outcome, RootCause, classify, signal_name
+        from launcher.core import crash
+        from launcher.core.outcome import (
+            CONFIG_ERROR, TRANSIENT, Outcome, RootCause, classify, internal_error, signal_name,
+        )
 
         child, worker, node = spawned.child, spawned.worker, self.plan.node
         returncode = child.returncode
@@ -524,6 +530,12 @@ class _Pod:
                           signal=signal_name(-returncode) if returncode < 0 else None)
         what = f"XGBoost worker (task {worker.task_id}) on {node}"
         report = _read_report(spawned.report_path) or {}
+        if report.get("reason") == crash.REASON and report.get("error"):
+            # The runner's own bug, not the program's failure (launcher/core/crash.py).
+            return internal_error(report["error"], None, node)
+        if report.get("reason") == runner_module.UNSUPPORTED and report.get("error"):
+            # The runner refused the interpreter's xgboost before importing it (launcher/core/versions.py).
+            return Outcome(CONFIG_ERROR, runner_module.UNSUPPORTED, f"{what}: {report['error']}", cause)
         if self._peer_lost(spawned):
             # Worded so launcher.core.job_outcome (PEER_LOSS_PATTERN) never takes this pod for the
             # job's root cause: xgboost's own words ("Encountered EOF. The other end is likely
@@ -538,6 +550,11 @@ class _Pod:
         if report.get("error"):
             outcome = outcome.with_extra(error=report["error"])
         return _with_tail(outcome, child)
+
+
+def allowed_env(launcher: LauncherSettings) -> dict[str, str]:
+    """``--allow-untested-versions 1`` for the runners, which read only the variable."""
+    return {"LAUNCHER_ALLOW_UNTESTED_VERSIONS": "1"} if getattr(launcher, "allow_untested_versions", False) else {}
 
 
 def _peer_loss_line(child: Child) -> str:

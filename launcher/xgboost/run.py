@@ -22,18 +22,23 @@ distributed (``xgboost.train`` and ``QuantileDMatrix`` just work). In detail:
   ends the runner at once, silently, exit 0.
 - Joined, it writes its task id to the pipe ``--joined-fd``, so the launcher can time out a job
   whose workers never all arrive.
+- Before ``import xgboost`` it checks the installed version against the supported range
+  (launcher/core/versions.py): outside it, after the go word, one line and exit 2 (its report's
+  reason UnsupportedVersion), unless LAUNCHER_ALLOW_UNTESTED_VERSIONS=1 (one warning line).
 - A failing program exits with its own status at once, without the collective's shutdown, after
   writing a JSON report (its task id, exit code, error in a line, and whether that error is a lost
   peer) to the file ``--report``: the launcher names the worker from it.
 
 Run by path, not as ``-m launcher.xgboost.run``, so any interpreter that has xgboost can run it:
-it imports nothing but the standard library and xgboost, and reads its few variables itself (the
-launcher has validated them already; run by hand, a bad value is one line and exit 2).
+it imports nothing but the standard library and xgboost, and two stdlib-only files of the launcher
+loaded by path (``load_sibling``): compat.py, through which every use of xgboost's internals goes,
+and ../core/versions.py. It reads its few variables itself (the launcher has validated them
+already; run by hand, a bad value is one line and exit 2).
 """
 
 from __future__ import annotations
 
-import inspect
+import importlib.util
 import json
 import os
 import re
@@ -43,6 +48,7 @@ import sys
 OPTIONS = ("--go-fd", "--joined-fd", "--report")
 GO_WORD = b"go\n"
 JOIN_FAILED = 138  # the launcher's transient exit code: a tracker that could not be joined
+UNSUPPORTED = "UnsupportedVersion"  # the report's reason for an xgboost outside the supported range
 ERROR_LIMIT = 1000
 # What xgboost's collective says when the other end of a connection went away: a worker that died
 # (or was torn down) elsewhere, or the tracker.
@@ -52,6 +58,29 @@ PEER_LOSS = re.compile(
 # "- [allreduce.cc:135|14:36:09]: Ring Allreduce failed.": one cause of an XGBoostError.
 _XGBOOST_CAUSE = re.compile(r"^\s*-\s*\[[^\]]*\]:\s*(.*?)\s*$")
 _TIME_STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\]\s*")
+
+
+def load_sibling(relative: str, name: str):
+    """A stdlib-only module of the launcher, by path (this file may run where ``launcher`` cannot
+    be imported), under ``name``: never a name the program's own modules could have."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it executes
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+# Every use of xgboost's internals, behind feature checks (launcher/xgboost/compat.py).
+compat = load_sibling("compat.py", "_trainer_launcher_xgboost_compat")
+# The runner's own bug told apart from the program's failure (launcher/core/crash.py).
+crash = load_sibling(os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
 
 
 def _say(message: str) -> None:
@@ -72,6 +101,42 @@ def error_line(error: BaseException) -> str:
         first = next((line.strip() for line in lines if line.strip()), type(error).__name__)
         causes = [_TIME_STAMP.sub("", first)]
     return "; ".join(causes)[:ERROR_LIMIT]
+
+
+# --- which xgboost ------------------------------------------------------------------------------
+
+
+def check_version(version: str | None = None, environ: dict[str, str] | None = None) -> str | None:
+    """The installed xgboost (or ``version``) against the range the launcher supports
+    (launcher/core/versions.py, read without importing xgboost): the one line that refuses it, or
+    None. Out of range but allowed (LAUNCHER_ALLOW_UNTESTED_VERSIONS=1): one warning line, None."""
+    versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
+    line = versions.refusal("xgboost", version)
+    if line is None:
+        return None
+    if not versions.allowed((os.environ if environ is None else environ).get(versions.ALLOW_ENV)):
+        return line
+    if line not in _warned:
+        _warned.add(line)
+        _say(f"warning: {line.rsplit('; ', 1)[0]}; running it anyway ({versions.ALLOW_ENV}=1)")
+    return None
+
+
+_warned: set[str] = set()
+
+
+def version_gate(go_fd: int | None, report_path: str | None, version: str | None = None) -> int | None:
+    """Refuse an xgboost out of range (exit 2, one line, the report's reason UnsupportedVersion),
+    after the go word: a runner the launcher sends away leaves quietly. Returns the go pipe still
+    to be read: ``go_fd``, or None once the word was read here."""
+    if check_version(version) is None:
+        return go_fd
+    os.environ.update(wait_for_go(go_fd))
+    refused = check_version(version)  # the go word may carry LAUNCHER_ALLOW_UNTESTED_VERSIONS
+    if refused is not None:
+        report(report_path, 2, refused, False, WorkerEnv(dict(os.environ)).task_id, reason=UNSUPPORTED)
+        _usage_error(refused)
+    return None
 
 
 # --- what to run ----------------------------------------------------------------------------
@@ -152,27 +217,26 @@ def _same(key: str, given, ours) -> bool:
 
 
 class JoinedCollective:
-    """While the program runs: its own collective set-up joins the runner's (see the module doc)."""
+    """While the program runs: its own collective set-up joins the runner's (see the module doc).
+    What it replaces in xgboost is replaced through launcher/xgboost/compat.py."""
 
     _CHECKED = ("dmlc_tracker_uri", "dmlc_tracker_port", "dmlc_task_id")
     _NOT_APPLIED = ("dmlc_retry", "dmlc_timeout")
 
     def __init__(self, worker: WorkerEnv, collective, tracker_module, package):
         self.worker, self.collective, self.tracker_module, self.package = worker, collective, tracker_module, package
-        self.real_init, self.real_finalize = collective.init, collective.finalize
-        self.real_tracker = tracker_module.RabitTracker
         self.warned: set[str] = set()
+        self._restore: list = []
 
     def install(self) -> None:
-        self.collective.init = self.init
-        self.collective.finalize = self.finalize
-        stand_in = _job_tracker(self.real_tracker, self.worker)
-        self.tracker_module.RabitTracker = stand_in
-        self.package.RabitTracker = stand_in
+        self._restore = [compat.join_collective(self.collective, self.init, self.finalize),
+                         compat.stand_in_tracker(self.package, self.tracker_module, self.worker.tracker_port,
+                                                 self.worker.num_worker, self.worker.args)]
 
     def uninstall(self) -> None:
-        self.collective.init, self.collective.finalize = self.real_init, self.real_finalize
-        self.tracker_module.RabitTracker = self.package.RabitTracker = self.real_tracker
+        for restore in reversed(self._restore):
+            restore()
+        self._restore = []
 
     def init(self, **args) -> None:
         ours = self.worker.args()
@@ -194,46 +258,6 @@ class JoinedCollective:
 
     def finalize(self) -> None:
         """The runner finalizes once the program is done."""
-
-
-def _job_tracker(real, worker: WorkerEnv):
-    signature = inspect.signature(real.__init__)
-
-    class JobTracker(real):
-        """The program's RabitTracker: on DMLC_TRACKER_PORT, the launcher's tracker on pod 0;
-        on any other port, a tracker of the program's own."""
-
-        def __init__(self, *args, **kwargs):
-            bound = signature.bind(self, *args, **kwargs)
-            bound.apply_defaults()
-            port = bound.arguments.get("port") or 0
-            self._launchers = str(port).strip().isdigit() and int(port) == worker.tracker_port
-            if not self._launchers:
-                super().__init__(*args, **kwargs)
-                return
-            n_workers = bound.arguments.get("n_workers")
-            if not str(n_workers).strip().isdigit() or int(n_workers) != worker.num_worker:
-                raise ValueError(f"RabitTracker(n_workers={n_workers!r}) on port {port}: the launcher's tracker "
-                                 f"there expects DMLC_NUM_WORKER={worker.num_worker} workers")
-
-        def start(self) -> None:
-            if not self._launchers:
-                super().start()
-
-        def wait_for(self, timeout=None) -> None:
-            if not self._launchers:
-                super().wait_for(timeout)
-
-        def worker_args(self) -> dict:
-            return worker.args() if self._launchers else super().worker_args()
-
-        def free(self) -> None:
-            if not getattr(self, "_launchers", False):
-                super().free()
-
-    JobTracker.__name__ = JobTracker.__qualname__ = real.__name__
-    JobTracker.__module__ = real.__module__
-    return JobTracker
 
 
 # --- the launcher's pipes -----------------------------------------------------------------------
@@ -279,12 +303,16 @@ def tell_joined(fd: int | None, task_id: int) -> None:
     os.close(fd)
 
 
-def report(path: str | None, status: int, error: str | None, peer_lost: bool, task_id: int) -> None:
+def report(path: str | None, status: int, error: str | None, peer_lost: bool, task_id: int,
+           reason: str | None = None) -> None:
     if not path:
         return
+    record = {"taskId": task_id, "exitCode": status, "error": error, "peerLost": peer_lost}
+    if reason is not None:
+        record["reason"] = reason
     try:
         with open(f"{path}.tmp", "w") as handle:
-            json.dump({"taskId": task_id, "exitCode": status, "error": error, "peerLost": peer_lost}, handle)
+            json.dump(record, handle)
         os.replace(f"{path}.tmp", path)
     except OSError:
         pass  # the launcher judges from the exit code alone
@@ -377,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     if go_fd is None:  # by hand: refuse bad variables before the slow import
         WorkerEnv(dict(os.environ))
     _fix_sys_path(kind, target)
+    go_fd = version_gate(go_fd, report_path)  # before the import: an xgboost out of range never loads
 
     import xgboost
     from xgboost import collective, tracker
@@ -409,5 +438,22 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0)
 
 
+def crashed(error: BaseException) -> None:
+    """This runner's own bug (the program's failures never get here: run_program catches them):
+    its traceback, then a report the launcher turns into LauncherError, exit 70."""
+    import traceback
+
+    traceback.print_exception(error)
+    where = crash.crash_site(error)
+    report(parse_options(sys.argv[1:])[0].get("--report"), crash.INTERNAL_ERROR,
+           crash.describe(error) + (f" at {where}" if where else ""), False, -1, reason=crash.REASON)
+    _exit_now(crash.INTERNAL_ERROR)
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as error:  # noqa: BLE001: xgboost's own errors and the program's go on as before
+        if not crash.raised_in_launcher(error):
+            raise
+        crashed(error)

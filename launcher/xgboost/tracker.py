@@ -16,7 +16,10 @@ close at once; xgboost logs each such connection as a failed worker handshake ("
 initialize worker proxy", "Connection reset by peer"), which reads like a fault. Those warnings
 are dropped from the tracker's stderr; everything else passes through.
 
-Run by path, like run.py: the standard library and xgboost only.
+xgboost 2.1.x's RabitTracker binds a port the OS chooses whatever ``port`` says (fixed in 3.0):
+launcher/xgboost/compat.py (``tracker_on_port``) puts a socket on the port asked for in its place.
+
+Run by path, like run.py: the standard library and xgboost only (and run.py's stdlib compat.py).
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from typing import Callable
 _PROBE_WARNING = re.compile(r"WARNING: .*Failed to initialize worker proxy")
 
 if __package__:
-    from launcher.xgboost.run import error_line
+    from launcher.xgboost.run import compat, error_line
 else:
-    from run import error_line  # run by path: this file's directory is sys.path[0]
+    from run import compat, error_line  # run by path: this file's directory is sys.path[0]
 
 
 def _say(message: str) -> None:
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
             _leave(0)  # the launcher stopped first, or planned no tracker here
         args.workers, args.port, args.host = int(word["workers"]), int(word["port"]), str(word["host"])
     try:
-        tracker = RabitTracker(n_workers=args.workers, host_ip=args.host, port=args.port, sortby="task")
+        # On xgboost 2.1.x, RabitTracker ignores `port`: compat moves its socket onto it.
+        tracker = compat.tracker_on_port(RabitTracker, args.workers, args.host, args.port, sortby="task")
         tracker.start()
     except Exception as error:  # noqa: BLE001 - XGBoostError: the port is taken, the address is not ours
         _say(f"could not listen on {args.host}:{args.port}: {error_line(error)}")

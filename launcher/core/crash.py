@@ -1,0 +1,45 @@
+"""The launcher's own crash, told apart from the program's failure.
+
+An exception whose innermost frame is the launcher's code (a hook of ours that broke, not the
+torch, JAX or XGBoost call it wraps, nor the user's program) is the launcher's bug: exit
+:data:`INTERNAL_ERROR`, reason :data:`REASON`, with the frame it came from
+(launcher.core.outcome.internal_error builds the outcome).
+
+Stdlib only, and loadable by path: the JAX and XGBoost runners, in the user's interpreter, use it.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+# sysexits' EX_SOFTWARE; why it is permanent by default: launcher.core.outcome.
+INTERNAL_ERROR = 70
+REASON = "LauncherError"
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ours(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE + os.sep)
+
+
+def raised_in_launcher(error: BaseException) -> bool:
+    """Whether ``error`` was raised by the launcher's own code."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and _ours(frames[-1].filename)
+
+
+def crash_site(error: BaseException) -> str | None:
+    """The innermost frame of ``error`` inside the launcher (else the innermost at all), as
+    ``launcher/torch/agent.py:40 in _track_workers``."""
+    frames = traceback.extract_tb(error.__traceback__)
+    frame = ([f for f in frames if _ours(f.filename)] or frames or [None])[-1]
+    if frame is None:
+        return None
+    shown = os.path.relpath(os.path.abspath(frame.filename), os.path.dirname(_PACKAGE)) \
+        if _ours(frame.filename) else frame.filename
+    return f"{shown}:{frame.lineno} in {frame.name}"
+
+
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:1000]

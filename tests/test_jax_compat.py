@@ -1,0 +1,207 @@
+"""launcher/jax/compat.py (jax's internals, behind feature checks) and the runner's version gate
+(launcher/core/versions.py, checked before ``import jax``).
+
+The hooks run for real on every jax of the matrix (tests/test_matrix_jax.py: 0.5.3, 0.7.2, 0.10.2).
+Here: what each does where its hook is missing (said once, the job still runs), and the gate in
+the user's interpreter, loaded by path as the launcher runs it. A jax outside the range is not
+installed anywhere here, so the gate's refusal is driven by an explicit version string; the run
+with a real, supported jax is real.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_one_line_naming, clean_env, free_port
+from launcher.core import versions
+from launcher.jax import run as runner
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNER = REPO / "launcher" / "jax" / "run.py"
+compat = runner.compat
+
+
+@pytest.fixture(autouse=True)
+def fresh_said():
+    compat._said.clear()
+    yield
+    compat._said.clear()
+
+
+def jax_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in clean_env().items() if not k.startswith("JAX_")}
+    env.update(extra)
+    return env
+
+
+# --- the version gate, in the runner ---------------------------------------------------------------
+
+def gate(tmp_path: Path, version: str, **extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The runner's gate as it runs: run.py loaded by path in a separate interpreter, as process 1
+    of 2, reporting where the launcher would read it."""
+    report = tmp_path / "report.json"
+    code = ("import importlib.util, os, sys\n"
+            f"spec = importlib.util.spec_from_file_location('run', {str(RUNNER)!r})\n"
+            "run = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(run)\n"
+            f"run.version_gate(run.Config(dict(os.environ)), {version!r})\n"
+            "print('went on', 'jax' in sys.modules)\n")
+    env = jax_env(JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1", JAX_COORDINATOR_ADDRESS="127.0.0.1:29500",
+                  TRAINER_LAUNCHER_JAX_REPORT=str(report), HOSTNAME="tj-node-0-1", **extra)
+    result = subprocess.run([sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True,
+                            timeout=60)
+    return result, report
+
+
+def test_a_jax_below_the_floor_is_refused_with_exit_2_in_one_line(tmp_path):
+    result, report = gate(tmp_path, "0.4.38")
+    line = assert_one_line_naming(result, "expected jax >=0.5,<0.11", "jax='0.4.38'")
+    said = versions.refusal("jax", "0.4.38")
+    assert line == f"trainer-launcher: jax: {said}"
+    assert json.loads(report.read_text()) == {"role": "version", "processId": 1, "error": said}
+
+
+def test_a_jax_above_the_ceiling_is_refused_too(tmp_path):
+    result, _ = gate(tmp_path, "0.11.0")
+    assert_one_line_naming(result, "expected jax >=0.5,<0.11", "jax='0.11.0'")
+
+
+def test_allowed_untested_version_runs_with_one_warning_line(tmp_path):
+    result, report = gate(tmp_path, "0.4.38", LAUNCHER_ALLOW_UNTESTED_VERSIONS="1")
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("trainer-launcher: jax: warning: jax='0.4.38': expected jax >=0.5,<0.11")
+    assert line.endswith("running it anyway (LAUNCHER_ALLOW_UNTESTED_VERSIONS=1)")
+    assert result.stdout == "went on False\n"  # checked before jax was imported
+    assert not report.exists()
+
+
+@pytest.mark.parametrize("version", ["0.5.0", "0.7.2", "0.10.2", "0.10.3.dev20260101"])
+def test_a_supported_jax_passes_the_gate_without_a_word(tmp_path, version):
+    result, _ = gate(tmp_path, version)
+    assert (result.returncode, result.stderr, result.stdout) == (0, "", "went on False\n")
+
+
+def test_the_launcher_names_a_refused_version_as_a_config_error():
+    from launcher.core.supervisor import Child
+    from launcher.jax.job import jax_outcome
+    from launcher.jax.plan import JaxFacts, plan_jax
+    from launcher.jax.settings import load_jax
+
+    plan = plan_jax(load_jax({}), JaxFacts("tj-node-0-1", 0, str(RUNNER), 60.0), ("python", "t.py"), {})
+    child = Child(name="jax", pid=0, popen=None, returncode=2)
+    supervisor = type("Supervisor", (), {"received_signal": None, "first_failure": child})()
+    said = versions.refusal("jax", "0.4.38")
+    outcome = jax_outcome(plan, supervisor, child, {"role": "version", "processId": 0, "error": said}, frozenset())
+    assert (outcome.exit_code, outcome.reason) == (2, "UnsupportedVersion")
+    assert outcome.message == f"JAX process 0 on tj-node-0-1: {said}"
+
+
+def test_a_real_job_on_the_installed_jax_says_nothing_about_versions(tmp_path):
+    """This interpreter's jax (in range): the gate reads it from the installed metadata, and
+    ``--allow-untested-versions 1`` changes nothing but reaching the runner as its variable."""
+    code = ("import os, jax; jax.distributed.initialize(); "
+            "print('world', jax.process_count(), os.environ['LAUNCHER_ALLOW_UNTESTED_VERSIONS'])")
+    result = subprocess.run([sys.executable, "-m", "launcher", "jax", "--allow-untested-versions", "1", "--",
+                             sys.executable, "-c", code], cwd=REPO,
+                            env=jax_env(JAX_NUM_PROCESSES="1", JAX_PROCESS_ID="0", HOSTNAME="tj-node-0-0",
+                                        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}"),
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "world 1 1" in result.stdout
+    assert "warning" not in result.stderr and "expected jax" not in result.stderr and " is off: " not in result.stderr
+
+
+# --- hooks missing: that feature is off, said once, the rest works -----------------------------------
+
+class OldClient:
+    """A coordination client with no barrier and no try-get."""
+
+    def __init__(self):
+        self.values: dict[str, str] = {}
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        self.values[key] = value
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+        return self.values[key]
+
+    def key_value_dir_get(self, prefix):
+        return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+
+def test_a_client_missing_a_method_turns_stop_records_off_once(monkeypatch, capsys):
+    from jax._src import distributed
+
+    monkeypatch.setattr(distributed.global_state, "client", OldClient())
+    assert compat.coordination_store() is None and compat.coordination_store() is None
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"trainer-launcher: jax {compat.jax_version()}: stop records (every pod naming the process "
+                    "that failed first) is off: jax's coordination client has no wait_at_barrier; each process "
+                    "exits with its own code and names itself")
+
+
+def test_without_try_get_the_store_falls_back_to_a_short_blocking_get(monkeypatch, capsys):
+    from jax._src import distributed
+
+    class Client(OldClient):
+        def wait_at_barrier(self, name, timeout_in_ms):
+            pass
+
+    monkeypatch.setattr(distributed.global_state, "client", Client())
+    store = compat.coordination_store()
+    assert store.try_get("k") is None
+    store.set("k", "v", overwrite=False)
+    assert store.try_get("k") == "v" and store.get("k", 10) == "v" and store.dir_get("k") == [("k", "v")]
+    assert capsys.readouterr().err == ""
+
+
+def test_a_jax_without_internals_says_so_once(monkeypatch, capsys):
+    from jax._src import distributed
+
+    monkeypatch.delattr(distributed, "global_state")
+    assert compat.coordination_store() is None
+    compat.coordination_store()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "stop records (every pod naming the process that failed first) is off: " \
+           "jax._src.distributed.global_state.client is not there" in line
+
+
+def test_an_unknown_cpu_collectives_option_is_said_once(capsys):
+    class Config:
+        def update(self, name, value):
+            raise AttributeError(f"Unrecognized config option: {name}")
+
+    jax = type("jax", (), {"config": Config()})()
+    compat.cpu_collectives(jax, "gloo")
+    compat.cpu_collectives(jax, "gloo")
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo is off: this jax has no jax_cpu_collectives_implementation" in line
+
+
+def test_the_installed_jax_has_every_hook(tmp_path):
+    """A real one-process jax.distributed job: the store the stop records use, through compat only."""
+    code = ("import importlib.util, jax, sys\n"
+            f"spec = importlib.util.spec_from_file_location('c', {str(RUNNER.parent / 'compat.py')!r})\n"
+            "compat = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(compat)\n"
+            "compat.cpu_collectives(jax, 'gloo')\n"
+            f"jax.distributed.initialize('127.0.0.1:{free_port()}', 1, 0)\n"
+            "store = compat.coordination_store()\n"
+            "store.set('k', 'v', overwrite=False)\n"
+            "try:\n    store.set('k', 'w', overwrite=False)\nexcept Exception:\n    print('first writer wins')\n"
+            "store.barrier('b', 10000)\n"
+            "store.set('acks/0', '1', overwrite=True)\n"
+            "store.set('acks/0', '1', overwrite=True)\n"
+            "print(store.try_get('k'), store.try_get('missing'), store.get('k', 1000), store.dir_get('acks/'))\n"
+            "print(jax.config.jax_cpu_collectives_implementation)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=jax_env(), capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["first writer wins", "v None v [('acks/0', '1')]", "gloo"]
+    assert " is off: " not in result.stderr
