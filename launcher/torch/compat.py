@@ -8,8 +8,8 @@ everything else runs as it would with plain torchrun. Verified on torch 2.4.1, 2
 2.15.0 (tests/test_matrix_torch.py runs each).
 
 | hook                     | patches                                            | without it                                      |
-| bind_workers             | subprocess_handler's Popen (2.6+: ``Popen``;       | ranks are not killed with a SIGKILLed agent     |
-|                          | 2.4/2.5: the module's ``subprocess``)              | (the launcher's teardown still kills them)      |
+| bind_workers             | subprocess_handler's Popen (2.8 on: ``Popen``;     | ranks are not killed with a SIGKILLed agent     |
+|                          | 2.4: the module's ``subprocess``)                  | (the launcher's teardown still kills them)      |
 | publish_final_failures   | ``LocalElasticAgent._monitor_workers``             | other nodes hear of a failure when torchrun     |
 |                          |                                                    | exits, after its teardown, not before           |
 | stop_within_grace        | ``PContext.close``'s timeout; ``_stop_workers``    | a rank ignoring SIGTERM holds the node for      |
@@ -67,9 +67,9 @@ def bind_workers(workers: list, in_child) -> bool:
         module = None
     real = None
     if module is not None and callable(getattr(module, "Popen", None)):
-        real, install = module.Popen, lambda popen: setattr(module, "Popen", popen)  # torch 2.6+
+        real, install = module.Popen, lambda popen: setattr(module, "Popen", popen)  # seen from torch 2.8 on
     elif module is not None and getattr(module, "subprocess", None) is subprocess:
-        real = subprocess.Popen  # torch 2.4/2.5 call subprocess.Popen through the module's import
+        real = subprocess.Popen  # torch 2.4 calls subprocess.Popen through the module's import
 
         def install(popen) -> None:
             shim = types.ModuleType("subprocess")
