@@ -9,6 +9,7 @@ import ipaddress
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -83,6 +84,55 @@ def test_reports_without_the_token_or_out_of_shape_are_ignored(reports):
             assert connection.recv(16) == b""  # closed without an answer
     assert rank.report(1, None, f"{address}/{port}/wrong") is False
     assert reports.received == []
+
+
+def test_one_deeply_nested_line_from_a_stranger_does_not_end_the_listener(monkeypatch, reports):
+    """Issue 22, row 1: 3,000 '[' with no token made json.loads raise RecursionError, which killed
+    the accept thread; every later report was lost."""
+    address, port, _ = reports.env[rank.REPORT_ENV].split("/")
+    for hostile in (b"[" * 3000 + b"\n", b"{" * 100000 + b"\n", b"\xff\xfe\x00" * 100 + b"\n"):
+        with socket.create_connection((address, int(port)), timeout=5) as connection:
+            try:
+                connection.sendall(hostile)
+                answer = connection.recv(16)
+            except ConnectionResetError:  # closed with our bytes unread: past its line limit
+                answer = b""
+            assert answer == b""  # closed without an answer
+    monkeypatch.setenv("PMI_RANK", "4")
+    assert rank.report(3, "after the strangers", reports.env[rank.REPORT_ENV]) is True
+    assert [(r.rank, r.error) for r in reports.received] == [(4, "after the strangers")]
+
+
+def test_a_peer_dripping_bytes_does_not_hold_the_listener_from_a_failing_rank(monkeypatch, reports):
+    """Issue 22, row 6: connections were served one at a time, with a timeout per recv; a peer
+    sending a byte every 1.5 s held the listener, and a failing rank's report (it waits 2 s) was
+    lost. Now each connection has its own deadline for its first line, and others are served
+    meanwhile."""
+    address, port, _ = reports.env[rank.REPORT_ENV].split("/")
+    dripping = threading.Event()
+    stop = threading.Event()
+
+    def drip() -> None:
+        with socket.create_connection((address, int(port)), timeout=5) as connection:
+            for _ in range(8):
+                try:
+                    connection.sendall(b" ")
+                except OSError:
+                    return  # the listener gave up on us: what it should do
+                dripping.set()
+                if stop.wait(1.5):
+                    return
+
+    dripper = threading.Thread(target=drip, daemon=True)
+    dripper.start()
+    assert dripping.wait(5)
+    monkeypatch.setenv("PMI_RANK", "2")
+    try:
+        assert rank.report(1, "while another peer drips", reports.env[rank.REPORT_ENV]) is True
+    finally:
+        stop.set()
+        dripper.join(10)
+    assert [r.rank for r in reports.received] == [2]
 
 
 def test_reports_keep_their_arrival_order(monkeypatch, reports):
