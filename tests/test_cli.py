@@ -81,3 +81,25 @@ def test_plan_fits_the_controllers_cpu_count_to_the_visible_mig_devices_and_says
 def test_keep_nproc_keeps_the_controllers_count(how):
     result = plan_on_two_mig_devices(*how, **({} if how else {"LAUNCHER_KEEP_NPROC": "true"}))
     assert json.loads(result.stdout)["nprocPerNode"] == 8
+
+
+SECRET = "hf_S3cretValueFromTheEnv42"
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_secret_on_the_command_line_is_redacted_in_the_start_line_and_in_plan(tmp_path, log_format):
+    """Issue 22, row 8: `--hub_token hf_...` while HF_TOKEN holds it was printed in clear in the
+    launcher's start line and in plan's JSON (the termination message was already redacted)."""
+    env = clean_env(HF_TOKEN=SECRET, PET_NNODES="1", PET_NPROC_PER_NODE="1", LAUNCHER_LOG_FORMAT=log_format)
+    plan = subprocess.run(launcher("plan", "--", "train.py", "--hub_token", SECRET), env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    assert SECRET not in plan.stdout + plan.stderr
+    assert json.loads(plan.stdout)["argv"][-2:] == ["--hub_token", "***"]
+    program = tmp_path / "train.py"
+    program.write_text("import sys\nsys.exit(0)\n")
+    run = subprocess.run(launcher("torch", "--", "--standalone", str(program), "--hub_token", SECRET), env=env,
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "--hub_token ***" in run.stderr or '"--hub_token", "***"' in run.stderr, run.stderr
+    assert SECRET not in run.stdout + run.stderr

@@ -1,10 +1,13 @@
-"""The launcher's own log lines, on stderr: ``trainer-launcher: ...`` or one JSON object a line."""
+"""The launcher's own log lines, on stderr: ``trainer-launcher: ...`` or one JSON object a line,
+secrets redacted (launcher.core.redaction)."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+
+from launcher.core.redaction import redact
 
 _format = "text"
 
@@ -21,7 +24,7 @@ def _emit(level: str, message: str, fields: dict) -> None:
         line = json.dumps(record, default=str)
     else:
         line = f"trainer-launcher: {level + ': ' if level != 'info' else ''}{message}"
-    print(line, file=sys.stderr, flush=True)
+    print(redact(line), file=sys.stderr, flush=True)
 
 
 def info(message: str, **fields) -> None:

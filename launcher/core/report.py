@@ -14,7 +14,8 @@ from typing import Callable
 
 from launcher.core import log, settings
 from launcher.core.outcome import DEFAULT_RETRYABLE_EXIT_CODES, LauncherError, Outcome, is_retryable
-from launcher.core.settings import LauncherSettings, load, redact
+from launcher.core.redaction import redact
+from launcher.core.settings import LauncherSettings, load
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
@@ -42,7 +43,7 @@ def print_plan(launcher_overrides: dict, build: Callable[[LauncherSettings], dic
     except LauncherError as error:
         return deliver(error.outcome(), None, launcher.retryable_exit_codes if launcher else None)
     try:
-        print(json.dumps(document, indent=2), flush=True)
+        print(redact(json.dumps(document, indent=2)), flush=True)
     except BrokenPipeError:  # `plan | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -20,7 +20,6 @@ from pydantic_settings.exceptions import SettingsError
 from launcher.core.knobs import KNOBS, Knob, Override
 from launcher.core.outcome import DEFAULT_RETRYABLE_EXIT_CODES, ConfigError
 
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY|PRIVATE_KEY|API_KEY")
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
@@ -283,22 +282,6 @@ def _field_for(model: type[Settings], loc: Any) -> str:
         if loc == name or loc in info.json_schema_extra["env"]:
             return name
     return str(loc)
-
-
-def secret_values() -> list[str]:
-    """Values of variables whose names say they are secret, to redact from any text we emit."""
-    return sorted(
-        # Real secrets are long; redacting a 4-letter value like "test" would only mangle paths.
-        (v for k, v in os.environ.items() if _SECRET_NAME.search(k.upper()) and len(v) >= 8),
-        key=len,
-        reverse=True,
-    )
-
-
-def redact(text: str, secrets: list[str] | None = None) -> str:
-    for secret in secret_values() if secrets is None else secrets:
-        text = text.replace(secret, "***")
-    return text
 
 
 # Set by `trainer-launcher exec` for its command: a launcher nested in it (the SDK's `bash -lc`
