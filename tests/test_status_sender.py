@@ -86,13 +86,23 @@ def test_the_contract_as_upstream_injects_it(contract, status_server):
 
 
 @pytest.mark.parametrize("url", ["ftp://server/apis/x", "https://server", "https://server/", "https://server:99999/p",
-                                 "https://ser ver/p", "server:8080/apis/x", "https://user:pw@server/p", "https://-bad-/p"])
+                                 "https://ser ver/p", "server:8080/apis/x", "https://user:pw@server/p", "https://-bad-/p",
+                                 # issue 22, row 9: the bearer token would cross the network in clear
+                                 "http://tj-status.kubeflow-system.svc:8080/apis/x"])
 def test_a_malformed_url_is_one_warning(contract, status_server, url):
     contract.setenv(URL_ENV, url)
     contract.setenv(TOKEN_ENV, status_server.token_path)
     env, problem = status_env()
     assert env is None
     assert problem.count("\n") == 0 and URL_ENV in problem and repr(url) in problem and "expected" in problem
+
+
+def test_plain_http_is_taken_only_on_loopback(contract, status_server):
+    """The launcher's own relay (and a test stand-in) listen on loopback: no token leaves the pod."""
+    contract.setenv(URL_ENV, "http://127.0.0.1:8080/apis/x")
+    contract.setenv(TOKEN_ENV, status_server.token_path)
+    env, problem = status_env()
+    assert problem is None and env.url == "http://127.0.0.1:8080/apis/x"
 
 
 def test_a_ca_that_is_not_a_file_is_one_warning(contract, status_server, tmp_path):
@@ -343,3 +353,46 @@ def test_the_token_never_reaches_the_logs(status_server, capfd):
     err = capfd.readouterr().err
     assert "HTTP 403" in err and status_server.token_path in err and "HTTP 422" in err and "connection refused" in err
     assert status_server.token not in err
+
+
+def test_a_server_dripping_its_answer_cannot_hold_a_request_past_its_deadline(status_server, status_certs):
+    """Issue 22, row 9: a status server that sends one header byte a second kept each request
+    alive (http.client's timeout is per read); the sender was held and later updates, the final
+    status included, were lost. Now a request has one deadline for the whole exchange."""
+    import socket
+    import threading
+
+    ca, cert, key = status_certs
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip() -> None:
+        connection, _ = listener.accept()
+        with context.wrap_socket(connection, server_side=True) as tls:
+            tls.recv(65536)  # the request
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100:
+                try:
+                    tls.sendall(bytes([byte]))
+                except OSError:
+                    return  # the client gave up: what it should do
+                if stop.wait(1.0):
+                    return
+
+    dripper = threading.Thread(target=drip, daemon=True)
+    dripper.start()
+    url = f"https://127.0.0.1:{listener.getsockname()[1]}{status_server.url.split(str(status_server.port), 1)[1]}"
+    lines = Lines()
+    env = StatusEnv(url=url, ca_cert=str(ca), token=status_server.token_path)
+    sender = Sender(env, interval=0.2, on_problem=lambda text: lines.append(("problem", text)),
+                    on_recovered=lambda text: None, backoff=(30, 30), request_timeout=2.0)
+    sender.start()
+    try:
+        sender.offer(body(5))
+        wait_until(lambda: lines.problems(), timeout=15, what="the dripping request to end at its deadline")
+        assert "no answer in time" in lines.problems()[0], lines
+    finally:
+        stop.set()
+        sender.close(None, timeout=1)
+        listener.close()

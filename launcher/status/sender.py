@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import ssl
 import threading
 import time
@@ -210,6 +211,12 @@ class Sender:
                 host, port, timeout=timeout, context=self._tls())
         else:
             connection = http.client.HTTPConnection(host, port, timeout=timeout)
+        # One deadline for the whole exchange: http.client's timeout bounds each read, and a server
+        # that sends a byte at a time would hold the request (and every later update) forever.
+        expired = threading.Event()
+        deadline = threading.Timer(timeout, _abort, (connection, expired))
+        deadline.daemon = True
+        deadline.start()
         try:
             connection.request("POST", self._target, body=data, headers=headers)
             response = connection.getresponse()
@@ -217,9 +224,10 @@ class Sender:
             status = response.status
         except ssl.SSLCertVerificationError as error:
             raise _Failure(f"TLS verification failed ({error.verify_message})", "tls") from None
-        except (OSError, http.client.HTTPException) as error:
-            raise _Failure(_network_problem(error), "network") from None
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            raise _Failure("no answer in time" if expired.is_set() else _network_problem(error), "network") from None
         finally:
+            deadline.cancel()
             connection.close()
         if status == 200:
             return
@@ -233,6 +241,17 @@ class Sender:
 
 
 MAX_REPLY = 64 * 1024
+
+
+def _abort(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """The request's deadline passed: wake the read blocked on its socket."""
+    expired.set()
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _status_message(reply: bytes) -> str:

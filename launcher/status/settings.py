@@ -10,6 +10,7 @@ it into one warning line and reporting stays off.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from typing import Annotated, Any
@@ -28,7 +29,7 @@ _JWT = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
 
 
 def parse_status_url(raw: Any) -> str:
-    expected = "an http(s)://HOST[:PORT]/PATH URL (the TrainJob's status endpoint)"
+    expected = "an https://HOST[:PORT]/PATH URL (the TrainJob's status endpoint)"
     text = str(raw).strip()
     if any(c.isspace() for c in text):
         raise Invalid(expected)
@@ -39,10 +40,20 @@ def parse_status_url(raw: Any) -> str:
         raise Invalid(expected) from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
         raise Invalid(expected)
+    if parts.scheme == "http" and not _loopback(parts.hostname):
+        # The bearer token goes with every request: over plain HTTP it would cross the pod network.
+        raise Invalid("an https:// URL: the token must not travel in clear (plain http only on loopback)")
     if port == 0 or not parts.path.startswith("/") or parts.path == "/" or parts.fragment:
         raise Invalid(expected)
     parse_host(f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname)
     return text
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def parse_readable_file(raw: Any) -> str:
