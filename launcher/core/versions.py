@@ -85,6 +85,26 @@ def refusal(package: str, version: str | None = None) -> str | None:
             f"supports (tested: {', '.join(rule.tested) or 'none yet'}); {ALLOW_ENV}=1 runs it anyway")
 
 
+def runner_refusal(package: str, say, version: str | None = None, environ: dict[str, str] | None = None) -> str | None:
+    """In a runner (the program's interpreter, launcher/jax/run.py and launcher/xgboost/run.py):
+    the line that refuses ``package`` (default: the installed version), or None. Out of range but
+    allowed by ALLOW_ENV in ``environ`` (default os.environ): one warning through ``say``, None."""
+    import os
+
+    line = refusal(package, version)
+    if line is None:
+        return None
+    if not allowed((os.environ if environ is None else environ).get(ALLOW_ENV)):
+        return line
+    if line not in _runner_warned:
+        _runner_warned.add(line)
+        say(f"warning: {line.rsplit('; ', 1)[0]}; running it anyway ({ALLOW_ENV}=1)")
+    return None
+
+
+_runner_warned: set[str] = set()
+
+
 def _launcher() -> str:
     try:  # a runner loaded by path may sit in an interpreter that cannot import the package
         from launcher import __version__

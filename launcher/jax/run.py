@@ -86,6 +86,8 @@ def load_sibling(relative: str, name: str):
 compat = load_sibling("compat.py", "_trainer_launcher_jax_compat")
 # The runner's own bug told apart from the program's failure (launcher/core/crash.py).
 crash = load_sibling(os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
+# The supported ranges (launcher/core/versions.py), checked before the framework is imported.
+versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
 
 
 def _usage_error(message: str) -> None:
@@ -200,22 +202,9 @@ def describe(error: BaseException | None) -> str | None:
 
 
 def check_version(version: str | None = None, environ: dict[str, str] | None = None) -> str | None:
-    """The installed jax (or ``version``) against the range the launcher supports
-    (launcher/core/versions.py, read without importing jax): the one line that refuses it, or
-    None. Out of range but allowed (LAUNCHER_ALLOW_UNTESTED_VERSIONS=1): one warning line, None."""
-    versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
-    line = versions.refusal("jax", version)
-    if line is None:
-        return None
-    if not versions.allowed((os.environ if environ is None else environ).get(versions.ALLOW_ENV)):
-        return line
-    if line not in _warned:
-        _warned.add(line)
-        _say(f"warning: {line.rsplit('; ', 1)[0]}; running it anyway ({versions.ALLOW_ENV}=1)")
-    return None
-
-
-_warned: set[str] = set()
+    """The installed jax (or ``version``) against the range the launcher supports, read without
+    importing jax: the one line that refuses it, or None (allowed out of range: one warning)."""
+    return versions.runner_refusal("jax", _say, version, environ)
 
 
 def version_gate(config: Config, version: str | None = None) -> None:
@@ -346,7 +335,7 @@ class Session:
         if config.num_processes > 1:  # None: no stop records, the exit codes still hold (said once)
             self.store = compat.coordination_store()
         self._patch()
-        if self.store is not None and config.num_processes > 1:
+        if self.store is not None:
             self._watcher = threading.Thread(target=self._watch, name="trainer-launcher-jax", daemon=True)
             self._watcher.start()
 
@@ -423,9 +412,6 @@ class Session:
                 return
             time.sleep(0.02)
 
-    def _try_get(self, key: str) -> str | None:
-        return self.store.try_get(key)
-
     # --- how the program ended ------------------------------------------------------------------
 
     def failed(self, code: int, error: str | None) -> None:
@@ -437,7 +423,7 @@ class Session:
         if self.store is None or config.num_processes == 1:
             report(config, {"role": "root", **mine})
             leave(code)
-        existing = self._try_get(STOP_KEY)
+        existing = self.store.try_get(STOP_KEY)
         if existing is None and error and PEER_LOSS.search(error):
             try:
                 existing = self.store.get(STOP_KEY, int(PEER_WAIT * 1000))
@@ -448,7 +434,7 @@ class Session:
             try:
                 self.store.set(STOP_KEY, json.dumps(mine), overwrite=False)
             except Exception:  # noqa: BLE001 - another process published first
-                existing = self._try_get(STOP_KEY)
+                existing = self.store.try_get(STOP_KEY)
         if existing is not None and not json.loads(existing).get("done"):
             self._stop(json.loads(existing))
         report(config, {"role": "root", **mine})

@@ -81,6 +81,8 @@ def load_sibling(relative: str, name: str):
 compat = load_sibling("compat.py", "_trainer_launcher_xgboost_compat")
 # The runner's own bug told apart from the program's failure (launcher/core/crash.py).
 crash = load_sibling(os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
+# The supported ranges (launcher/core/versions.py), checked before the framework is imported.
+versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
 
 
 def _say(message: str) -> None:
@@ -107,22 +109,9 @@ def error_line(error: BaseException) -> str:
 
 
 def check_version(version: str | None = None, environ: dict[str, str] | None = None) -> str | None:
-    """The installed xgboost (or ``version``) against the range the launcher supports
-    (launcher/core/versions.py, read without importing xgboost): the one line that refuses it, or
-    None. Out of range but allowed (LAUNCHER_ALLOW_UNTESTED_VERSIONS=1): one warning line, None."""
-    versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
-    line = versions.refusal("xgboost", version)
-    if line is None:
-        return None
-    if not versions.allowed((os.environ if environ is None else environ).get(versions.ALLOW_ENV)):
-        return line
-    if line not in _warned:
-        _warned.add(line)
-        _say(f"warning: {line.rsplit('; ', 1)[0]}; running it anyway ({versions.ALLOW_ENV}=1)")
-    return None
-
-
-_warned: set[str] = set()
+    """The installed xgboost (or ``version``) against the range the launcher supports, read without
+    importing xgboost: the one line that refuses it, or None (allowed out of range: one warning)."""
+    return versions.runner_refusal("xgboost", _say, version, environ)
 
 
 def version_gate(go_fd: int | None, report_path: str | None, version: str | None = None) -> int | None:
