@@ -29,7 +29,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from launcher.core.supervisor import Child, Interrupted, Supervisor
@@ -249,12 +249,18 @@ class _Pod:
         if self.plan.pod_index != 0:
             return
         port = self.plan.tracker_port + board_module.PORT_OFFSET
+        peers = board_module.peer_policy(self.plan.tracker_host, self.plan.pods)
         try:
             self.board = board_module.Board(port, ":" in self.plan.tracker_host, self.supervisor.watch,
-                                            self.supervisor.unwatch, self._on_record)
+                                            self.supervisor.unwatch, self._on_record, self.plan.pods, peers)
         except (OSError, OverflowError) as error:
             log.warning(f"xgboost: no stop board on port {port} ({getattr(error, 'strerror', None) or error}): "
                         "a failure elsewhere reaches this pod only through xgboost's own collective")
+            return
+        if peers.kind == "anyone":
+            log.warning(f"xgboost: DMLC_TRACKER_URI={self.plan.tracker_host} is not the controller's "
+                        "<trainjob>-node-0-0.<trainjob>, so the stop board cannot tell the pods' addresses from "
+                        f"others': it takes a well-formed stop record from any peer that reaches port {port}")
 
     def _join_board(self) -> None:
         from launcher.core import log
@@ -264,7 +270,8 @@ class _Pod:
         port = self.plan.tracker_port + board_module.PORT_OFFSET
         try:
             self.board_client = board_module.BoardClient(self.plan.tracker_host, port, self.supervisor.watch,
-                                                         self.supervisor.unwatch, self._on_record, self._on_lost)
+                                                         self.supervisor.unwatch, self._on_record, self._on_lost,
+                                                         self.plan.pods)
         except (OSError, OverflowError) as error:
             log.warning(f"xgboost: pod 0's stop board at {self.plan.tracker_host}:{port} is out of reach "
                         f"({getattr(error, 'strerror', None) or error}): a failure elsewhere reaches this pod "
@@ -322,8 +329,9 @@ class _Pod:
                 self._serve_for(board_module.LINGER, lambda: self.board.clients == 0)
         elif self.board_client is not None and own.reason == "PeerLost" and self.adopted is None:
             self._serve_for(PEER_WAIT, lambda: self.adopted is not None or self.pod_0_lost)
-        if self.adopted is not None:
-            return stopped_by(Outcome.from_json(self.adopted["outcome"]), node)
+        if self.adopted is not None:  # board.check_record vouched for its shape, and its pod's address
+            root = Outcome.from_json(self.adopted["outcome"])
+            return stopped_by(replace(root, message=f"{root.message} (reported by pod {self.adopted['pod']})"), node)
         if self.pod_0_lost:
             return Outcome(TRANSIENT, "PeerLost",
                            f"pod 0 ({self.plan.tracker_host}), which runs the XGBoost tracker, went away without a "

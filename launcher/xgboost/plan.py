@@ -70,6 +70,10 @@ class XGBoostPlan:
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
+    def pods(self) -> int:
+        return self.num_worker // self.workers_per_pod
+
+    @property
     def runs_tracker(self) -> bool:
         return self.tracker_argv is not None
 
