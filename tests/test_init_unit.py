@@ -12,8 +12,8 @@ import zipfile
 import pytest
 
 from conftest import REPO, clean_env, launcher
-from launcher.initializers.engine import PermanentError, RemoteFile, safe_destination, select
-from launcher.initializers.job import extract
+from launcher.initializers.engine import PermanentError, RemoteFile, refuse_clashes, safe_destination, select
+from launcher.initializers.job import extract, refuse_links_into_state
 from launcher.initializers.uri import parse_storage_uri, redact_uri
 from launcher.core.outcome import ConfigError
 
@@ -93,6 +93,60 @@ def test_hostile_tar_members_are_refused_and_nothing_lands_outside(tmp_path, mem
         extract(str(tmp_path / "evil.tgz"), str(tmp_path / "out"))
     assert not (tmp_path / "escape.txt").exists()
     assert not os.path.lexists(tmp_path / "out" / "link")
+
+
+@pytest.mark.parametrize(("paths", "named"), [
+    (["x", "x"], ("k0", "k1")),
+    (["a", "a/b"], ("k0", "k1")),
+    (["m/n/o/p", "m/n"], ("k1", "k0")),
+    (["d/e", "d/f", "d/e/g"], ("k0", "k2")),
+])
+def test_a_listing_where_two_files_meet_on_one_path_is_refused_naming_both(paths, named):
+    files = [RemoteFile(p, 1, key=f"k{i}") for i, p in enumerate(paths)]
+    with pytest.raises(PermanentError) as error:
+        refuse_clashes(files)
+    assert error.value.reason == "PathClash" and all(repr(k) in str(error.value) for k in named)
+
+
+def test_siblings_and_names_that_only_share_a_prefix_do_not_clash():
+    refuse_clashes([RemoteFile(p, 1) for p in ("a", "ab", "a.b/c", "b/a", "b/c/d", "b/c/e")])
+
+
+def _links(*pairs):
+    members = []
+    for name, link in pairs:
+        info = tarfile.TarInfo(name)
+        if link is not None:
+            info.type, info.linkname = tarfile.SYMTYPE, link
+        members.append(info)
+    return members
+
+
+@pytest.mark.parametrize("pairs", [
+    [("state", ".trainer-launcher")],
+    [("root", "."), ("root/.trainer-launcher/manifest.json", None)],
+    [("a", "b"), ("b", "./.trainer-launcher"), ("a/x", None)],
+    [("d/up", ".."), ("d/up/.trainer-launcher/lease", None)],
+    [("m", "sub/../.trainer-launcher/manifest.json")],
+])
+def test_archive_links_that_lead_into_the_state_directory_are_refused(pairs):
+    with pytest.raises(PermanentError) as error:
+        refuse_links_into_state(_links(*pairs))
+    assert error.value.reason == "UnsafePath"
+
+
+def test_archive_links_between_data_are_extracted(tmp_path):
+    members = _links(("v1/", None), ("latest", "v1"), ("loop", "loop"))
+    members[0].type = tarfile.DIRTYPE
+    refuse_links_into_state(members)
+    info = tarfile.TarInfo("v1/weights.bin")
+    info.size = 2
+    link = tarfile.TarInfo("latest")
+    link.type, link.linkname = tarfile.SYMTYPE, "v1"
+    _tar(tmp_path / "ok.tgz", [(info, b"w!"), (link, None)])
+    (tmp_path / "out").mkdir()
+    extract(str(tmp_path / "ok.tgz"), str(tmp_path / "out"))
+    assert (tmp_path / "out" / "latest" / "weights.bin").read_bytes() == b"w!"
 
 
 def test_hostile_zip_members_are_refused(tmp_path):

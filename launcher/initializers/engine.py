@@ -19,6 +19,14 @@ manifest does not list: both are fetched again, and nothing partial ever sits un
 
 Local sources (file://, a mounted volume) are copied by the kernel (``_copy_local``): Python
 never touches the bytes.
+
+The target may sit on a volume that other pods write too, so what is found under STATE_DIR is
+not trusted: state files are opened with O_NOFOLLOW, a link or hard link found at a state file's
+name is unlinked and the file made afresh (``_ours``), a link where STATE_DIR or its parts
+directory belongs is replaced by a directory (``own_state_directory``), and a final name is only
+ever reached by renaming a part the engine created, which replaces whatever was there. Nothing is
+written, or read, outside the target through the state directory. A listing is planned before a
+byte is written: unsafe paths and two files meeting on one path (``refuse_clashes``) are refused.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import hashlib
 import json
 import os
 import random
+import stat
 import sys
 import threading
 import time
@@ -83,6 +92,8 @@ def local_source_error(path: str, error: OSError) -> Exception:
     fixes is permanent, the rest transient."""
     if isinstance(error, FileNotFoundError):
         return PermanentError(f"{path} disappeared", "NotFound")
+    if error.errno == errno.ELOOP:
+        return PermanentError(f"{path} became a symbolic link after it was listed", "UnsafePath")
     if reason := permanent_os_error(error):
         return PermanentError(f"{path}: {error.strerror}", reason)
     return TransientError(f"{path}: {error.strerror}")
@@ -129,8 +140,9 @@ def select(files: list[RemoteFile], allow: tuple[str, ...] | None, ignore: tuple
 
 
 def safe_destination(target: str, relative: str, _checked: dict[str, str] | None = None) -> str:
-    """``target/relative``, refusing anything that would land outside ``target``. ``_checked``
-    remembers directories already resolved (realpath costs a syscall per path component)."""
+    """``target/relative``, refusing anything that would land outside ``target`` or in its state
+    directory (also through a link already in the target). ``_checked`` remembers directories
+    already resolved (realpath costs a syscall per path component)."""
     if not relative or relative.startswith("/") or "\\" in relative or "\x00" in relative:
         raise PermanentError(f"refusing the unsafe path {relative!r}", "UnsafePath")
     parts = relative.split("/")
@@ -143,12 +155,53 @@ def safe_destination(target: str, relative: str, _checked: dict[str, str] | None
     root = _checked.get("") if _checked else None
     if root is None:
         root = os.path.realpath(target)
-    if os.path.commonpath([root, os.path.realpath(directory)]) != root:
-        raise PermanentError(f"refusing {relative!r}: it resolves outside the target", "UnsafePath")
+    if why := outside_the_data(root, os.path.realpath(directory)):
+        raise PermanentError(f"refusing {relative!r}: {why}", "UnsafePath")
     if _checked is not None:
         _checked[""] = root
         _checked[directory] = root
     return destination
+
+
+def outside_the_data(root: str, resolved: str) -> str | None:
+    """Why the real path ``resolved`` is no place for data under the target's real path ``root``
+    (outside it, or in its state directory, which only the initializer writes); None if it is."""
+    if os.path.commonpath([root, resolved]) != root:
+        return "it resolves outside the target"
+    state = os.path.join(root, STATE_DIR)
+    if os.path.commonpath([state, resolved]) == state:
+        return f"it resolves into the initializer's own {STATE_DIR} directory"
+    return None
+
+
+def refuse_clashes(files: list[RemoteFile]) -> None:
+    """Refuse a listing in which two files land on one path, or one file's path is another's
+    directory (``data/x`` and ``data/x/x`` under ``s3://b/data/x``; ``a`` and ``a/b``). Pure, so
+    it runs before any byte is written: fetched, two such files would share one partial file or
+    fail on the rename, and every retry would meet the same listing. Paths are already canonical
+    (``safe_destination`` refuses empty, ``.`` and ``..`` parts), so equal strings are the only
+    way two paths meet."""
+    by_path: dict[str, RemoteFile] = {}
+    for file in files:
+        if (first := by_path.setdefault(file.path, file)) is not file:
+            raise PermanentError(f"the listing has {_named(first)} and {_named(file)}, which both land on "
+                                 f"{file.path!r}", "PathClash")
+    directories: set[str] = set()
+    for file in files:
+        directory = file.path
+        while "/" in directory:
+            directory = directory.rsplit("/", 1)[0]
+            if directory in directories:
+                break  # this directory and the ones above it are checked already
+            directories.add(directory)
+            if (blocking := by_path.get(directory)) is not None:
+                raise PermanentError(f"the listing has {_named(blocking)}, which lands on {directory!r}, and "
+                                     f"{_named(file)}, which needs {directory!r} as a directory", "PathClash")
+
+
+def _named(file: RemoteFile) -> str:
+    """A file as its source names it (the object key, the repo path), else where it lands."""
+    return repr(file.key or file.path)
 
 
 class _Checksum:
@@ -187,14 +240,109 @@ class _Checksum:
         return self._hash.hexdigest() if self._hash is not None else None
 
 
+# How every state file under STATE_DIR is opened: never through a symlink at its name (another
+# pod writing the same volume may have planted one), never blocking on a FIFO planted there.
+_NO_LINK = os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_LINK_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def _write_json(path: str, data: dict, durable: bool = True) -> None:
+    """``data`` at ``path``, whole or not at all: written to a temporary beside it, renamed over it
+    (which replaces, never follows, whatever was at ``path``)."""
     temporary = f"{path}.tmp{threading.get_ident()}"
-    with open(temporary, "w") as handle:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_LINK
+    try:
+        fd = os.open(temporary, flags, 0o666)
+    except FileExistsError:  # left by a crash, or planted: the name is ours, what it points at is not
+        os.unlink(temporary)
+        fd = os.open(temporary, flags, 0o666)
+    with os.fdopen(fd, "w") as handle:
         json.dump(data, handle, indent=1, sort_keys=True)
         if durable:
             handle.flush()
             os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+def _read_state(path: str) -> bytes | None:
+    """A state file's bytes; None when it is missing or is no regular file (a symlink, a FIFO or
+    a directory at its name is never followed: what it holds was not written by us)."""
+    try:
+        fd = os.open(path, _NO_LINK_READ)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+_PART_MODES = {"rb": os.O_RDONLY, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+               "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
+
+
+def _open_part(path: str, mode: str):
+    """``open(path, mode)`` for a partial file, never through a symlink at its name: the one that
+    was there when the run began is gone already (``_ours``), so one found now is refused (ELOOP)."""
+    return os.fdopen(os.open(path, _PART_MODES[mode] | _NO_LINK, 0o666), mode)
+
+
+def _read_json(path: str) -> dict:
+    try:
+        data = json.loads(_read_state(path) or b"{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _ours(path: str, log: Callable[[str], None]) -> bool:
+    """Whether a state file of ours is at ``path``: a regular file with this one name. Anything
+    else there (a symlink, a hard link to a file elsewhere on the volume, a FIFO) was put there by
+    another writer of the volume: writing through it would write outside the target, so its name is
+    unlinked (the name is ours to reuse; what it pointed at is left alone) and False returned, as
+    when there was nothing. One lstat: callers ask only where a leftover is expected."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+        return True
+    log(f"{path}: not a file the initializer wrote (a link or a special file); removed, its target left alone")
+    os.unlink(path)
+    return False
+
+
+def own_state_directory(target: str, log: Callable[[str], None]) -> str:
+    """``target/STATE_DIR`` as a real directory, made if missing; its path.
+
+    A symlink there is replaced, not followed and not refused: the initializer never makes one,
+    so it was planted by another writer of a shared volume, and following it would write our state
+    (parts, manifest, lease) wherever it points. Replacing loses nothing that matters: everything
+    under STATE_DIR only records progress, and what it would have recorded is fetched again.
+    Refusing would fail the job permanently over a volume that the initializer can repair."""
+    state = os.path.join(target, STATE_DIR)
+    _own_directory(state, log)
+    return state
+
+
+def _own_directory(path: str, log: Callable[[str], None]) -> None:
+    """``path`` as a real directory; a symlink there is replaced (see own_state_directory)."""
+    try:
+        os.mkdir(path)
+        return
+    except FileExistsError:
+        pass
+    if os.path.islink(path):
+        log(f"{path}: a symbolic link where the initializer keeps its state; replaced by a directory "
+            f"(its target left alone)")
+        os.unlink(path)
+        os.mkdir(path)
+    # A file there is no directory: the first write under it fails with ENOTDIR, a permanent BadPath.
 
 
 def _syncfs(fd: int) -> None:
@@ -289,6 +437,9 @@ class _Committer:
                 self.error = error
 
     def _rename(self, batch: list[_Done]) -> list[_Done]:
+        # Each part is a regular file the engine created without following links (_ours,
+        # _open_part), so what lands under a final name is never a link. No lstat here: a writer
+        # fast enough to swap a part for a link in between could swap the final file just after.
         for done in batch:
             os.replace(done.part, done.destination)
             if done.meta:
@@ -312,25 +463,18 @@ _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, e
                    errno.EBADF}
 
 
-def _identity(stat: os.stat_result) -> tuple:
-    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+def _identity(info: os.stat_result) -> tuple:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def _regular_size(path: str) -> int | None:
+    """The size of the regular file at ``path`` (a symlink there is not one: it is fetched again,
+    and the rename replaces it)."""
     try:
-        stat = os.stat(path)
+        info = os.lstat(path)
     except OSError:
         return None
-    return stat.st_size if stat.st_mode & 0o170000 == 0o100000 else None
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 class Progress:
@@ -399,9 +543,10 @@ class Engine:
 
     def run(self, files: list[RemoteFile]) -> Summary:
         started = time.monotonic()
-        os.makedirs(self.parts, exist_ok=True)
-        checked: dict[str, str] = {}
-        destinations = {f.path: safe_destination(self.target, f.path, checked) for f in files}  # refuse before writing
+        destinations = self._plan(files)
+        os.makedirs(self.target, exist_ok=True)
+        own_state_directory(self.target, self.log)
+        _own_directory(self.parts, self.log)
         manifest = self._load_manifest()
         self._manifest = dict(manifest)
         summary = Summary(files=len(files))
@@ -415,7 +560,8 @@ class Engine:
                 todo.append(file)
         total = sum(f.size or 0 for f in todo)
         self._parts_found = set(os.listdir(self.parts)) if todo else set()
-        journal = open(self.journal_path, "a")
+        _ours(self.journal_path, self.log)  # its lines are read already; only ours is appended to
+        journal = os.fdopen(os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NO_LINK, 0o666), "a")
         self._committer = _Committer(self.target, journal, self._manifest)
         try:
             try:
@@ -433,6 +579,13 @@ class Engine:
         summary.seconds = time.monotonic() - started
         summary.paths = sorted(f.path for f in files)
         return summary
+
+    def _plan(self, files: list[RemoteFile]) -> dict[str, str]:
+        """Where each file lands, refusing unsafe paths and clashing ones before a byte is written."""
+        checked: dict[str, str] = {}
+        destinations = {f.path: safe_destination(self.target, f.path, checked) for f in files}
+        refuse_clashes(files)
+        return destinations
 
     def _run(self, todo, destinations, summary: Summary, total: int) -> Summary:
         with Progress(len(todo), total, self.log) as progress, ThreadPoolExecutor(self.concurrency) as pool:
@@ -454,16 +607,13 @@ class Engine:
         """The manifest, with the journal of a run that did not finish folded in (a torn last
         line from a crash is ignored: that file is simply fetched again)."""
         files = _read_json(self.manifest_path).get("files", {})
-        try:
-            with open(self.journal_path) as journal:
-                for line in journal:
-                    try:
-                        entry = json.loads(line)
-                        files[entry.pop("path")] = entry
-                    except (ValueError, KeyError, AttributeError):
-                        continue
-        except OSError:
-            pass
+        files = files if isinstance(files, dict) else {}
+        for line in (_read_state(self.journal_path) or b"").splitlines():
+            try:
+                entry = json.loads(line)
+                files[entry.pop("path")] = entry
+            except (ValueError, KeyError, AttributeError, TypeError):
+                continue
         return files
 
     def _fold_manifest(self) -> None:
@@ -489,7 +639,7 @@ class Engine:
         part = os.path.join(self.parts, f"{ident}.part")
         meta_path = f"{part}.json"
         # A small file on a first attempt with no part left by an earlier run: no syscall to ask.
-        has_part = os.path.exists(part) if attempt else f"{ident}.part" in self._parts_found
+        has_part = bool(attempt or f"{ident}.part" in self._parts_found) and _ours(part, self.log)
         meta = _read_json(meta_path) if has_part else {}
         same_source = (has_part and meta.get("version") == file.version
                        and meta.get("path") == file.path and self.source.supports_range)
@@ -504,7 +654,7 @@ class Engine:
             resumed = self._fetch_ranges(file, part, meta_path, meta if same_source else {}, progress)
             checksum = _Checksum(file.checksum[0] if file.checksum else None, file.size)
             start = 0
-            with open(part, "rb") as written:  # ranges arrive out of order: hash in one pass
+            with _open_part(part, "rb") as written:  # ranges arrive out of order: hash in one pass
                 while block := written.read(1 << 20):
                     checksum.update(block)
                     start += len(block)
@@ -524,7 +674,7 @@ class Engine:
         start = 0
         checksum = _Checksum(file.checksum[0] if file.checksum else None, file.size)
         if same_source:
-            with open(part, "rb") as existing:  # re-hash what is there: it must still verify
+            with _open_part(part, "rb") as existing:  # re-hash what is there: it must still verify
                 while block := existing.read(1 << 20):
                     checksum.update(block)
                     start += len(block)
@@ -534,7 +684,7 @@ class Engine:
             _write_json(meta_path, {"path": file.path, "version": file.version}, durable=False)
         resumed = start
         complete = file.size is not None and start >= file.size  # all there: only verify
-        with open(part, "ab" if start else "wb") as out:
+        with _open_part(part, "ab" if start else "wb") as out:
             try:
                 for chunk in () if complete else self.source.read(file, start, self.chunk_size):
                     out.write(chunk)
@@ -554,12 +704,12 @@ class Engine:
         done = set(meta.get("segments", [])) if meta.get("segment") == segment else set()
         resumed = sum(min(segment, size - offset) for offset in done)
         if not done:
-            with open(part, "wb") as out:
+            with _open_part(part, "wb") as out:
                 out.truncate(size)
         record = {"path": file.path, "version": file.version, "segment": segment, "segments": sorted(done)}
         _write_json(meta_path, record)
         lock = threading.Lock()
-        fd = os.open(part, os.O_WRONLY)
+        fd = os.open(part, os.O_WRONLY | _NO_LINK)
 
         def fetch(offset: int) -> None:
             position = offset
@@ -618,7 +768,8 @@ class Engine:
 
         Returns (bytes in the part, bytes resumed, whether a resume record exists)."""
         try:
-            source = os.open(source_path, os.O_RDONLY)
+            # The source lists links already resolved (FileSource): one here appeared since.
+            source = os.open(source_path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError as error:
             raise local_source_error(source_path, error) from None
         try:
@@ -628,7 +779,7 @@ class Engine:
                 raise TransientError(f"changed since it was listed ({size} bytes, listed {file.size})")
             start = 0
             if meta and meta.get("source") == list(before):
-                start = os.path.getsize(part)
+                start = os.lstat(part).st_size
                 if start > size:
                     start = 0
             has_meta = bool(meta)
@@ -636,12 +787,12 @@ class Engine:
                 _write_json(meta_path, {"path": file.path, "version": file.version, "source": list(before)},
                             durable=False)
                 has_meta = True
-            out = os.open(part, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC), 0o666)
+            out = os.open(part, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC) | _NO_LINK, 0o666)
             try:
                 end = self._kernel_copy(source, out, start, size, progress)
             finally:
                 os.close(out)
-            if end != size or _identity(os.fstat(source)) != before or _identity(os.stat(source_path)) != before:
+            if end != size or _identity(os.fstat(source)) != before or _identity(os.lstat(source_path)) != before:
                 os.unlink(part)
                 raise TransientError(f"{source_path} changed while it was copied")
             return end, start, has_meta

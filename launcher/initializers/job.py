@@ -9,7 +9,8 @@ import zipfile
 
 from launcher.core import log, settings, workspace
 from launcher.initializers.engine import (
-    Engine, PermanentError, Summary, TransientError, permanent_os_error, safe_destination, select,
+    STATE_DIR, Engine, PermanentError, Summary, TransientError, outside_the_data, permanent_os_error,
+    safe_destination, select,
 )
 from launcher.initializers import lease
 from launcher.initializers.uri import StorageUri, parse_storage_uri
@@ -54,7 +55,7 @@ def _source(kind: str, uri: StorageUri, init: InitSettings):
     from launcher.initializers import sources
 
     if uri.scheme == "file":
-        return sources.FileSource(uri)
+        return sources.FileSource(uri, log.info)
     if uri.scheme in ("https", "http"):
         return sources.HttpsSource(uri, uri.shown)
     if uri.scheme == "s3":
@@ -113,29 +114,120 @@ def _said(summary: Summary, uri: StorageUri, target: str) -> str:
             f"{summary.skipped} already complete, in {summary.seconds:.1f}s")
 
 
-def _check_member(target: str, name: str) -> None:
-    relative = (name[2:] if name.startswith("./") else name).rstrip("/")
-    if relative and relative != ".":
-        safe_destination(target, relative)
-
-
 def extract(archive: str, target: str) -> None:
-    """Extract into ``target``, refusing members that are absolute, climb out with '..', or are
-    links or devices pointing outside it (nothing is written outside the target)."""
+    """Extract into ``target``, refusing members that are absolute, climb out with '..', are
+    devices, or reach outside the target or into its state directory by any path: their own name,
+    a link already in the target, or the archive's own links (``state -> .trainer-launcher`` then
+    ``state/manifest.json``). Members are checked before the first is written; tar members once
+    more as each is extracted, against what is on the disk by then."""
+    check_name = _name_checker(target)
     if archive.endswith(".zip"):
         with zipfile.ZipFile(archive) as bundle:
             for member in bundle.infolist():
                 if (member.external_attr >> 16) & 0o170000 == 0o120000:
                     raise PermanentError(f"refusing the symlink member {member.filename!r}", "UnsafePath")
-                _check_member(target, member.filename)
+                check_name(member.filename)
             bundle.extractall(target)
         return
     try:
         with tarfile.open(archive) as bundle:
-            for member in bundle.getmembers():
-                _check_member(target, member.name)
-            bundle.extractall(target, filter="data")  # also refuses links and devices that escape
+            members = bundle.getmembers()
+            for member in members:
+                check_name(member.name)
+            refuse_links_into_state(members)
+            bundle.extractall(target, filter=_data_outside_state(target))
     except tarfile.FilterError as error:
         raise PermanentError(f"refusing archive member: {error}", "UnsafePath") from None
     except tarfile.TarError as error:
         raise PermanentError(f"{os.path.basename(archive)}: not a readable archive ({error})", "BadArchive") from None
+
+
+def _name_checker(target: str):
+    """A check of one member's name: safe, and not already leading, through a link on the disk,
+    outside the data (zip and tar open a file member's name following a link found there)."""
+    root = os.path.realpath(target)
+    checked: dict[str, str] = {}
+
+    def check(name: str) -> None:
+        relative = (name[2:] if name.startswith("./") else name).rstrip("/")
+        if relative and relative != ".":
+            destination = safe_destination(target, relative, checked)
+            if why := outside_the_data(root, os.path.realpath(destination)):
+                raise PermanentError(f"refusing the archive member {name!r}: {why}", "UnsafePath")
+
+    return check
+
+
+# The kernel's limit on links followed in one lookup (MAXSYMLINKS): more means a loop.
+_MAX_HOPS = 40
+
+
+def refuse_links_into_state(members: list[tarfile.TarInfo]) -> None:
+    """Refuse a tar whose own links lead a member into the state directory. Pure: it follows the
+    archive's symlinks by name, as extraction would create them, before anything is written."""
+    links = {_joined(_parts(m.name)): m.linkname for m in members if m.issym()}
+    for member in members:
+        reached = [_through_links(_parts(member.name), links, follow_last=not (member.issym() or member.islnk()))]
+        if member.issym():
+            reached.append(_through_links(_parts(member.name)[:-1] + _parts(member.linkname), links))
+        elif member.islnk():
+            reached.append(_through_links(_parts(member.linkname), links))
+        if any(parts and parts[0] == STATE_DIR for parts in reached):
+            raise PermanentError(f"refusing the archive member {member.name!r}: through the archive's links it "
+                                 f"reaches the initializer's own {STATE_DIR} directory", "UnsafePath")
+
+
+def _parts(path: str) -> list[str]:
+    return [part for part in path.split("/") if part not in ("", ".")]
+
+
+def _joined(parts: list[str]) -> str:
+    return "/".join(parts)
+
+
+def _through_links(pending: list[str], links: dict[str, str], follow_last: bool = True) -> list[str] | None:
+    """Where a path (as parts under the target) lands once the archive's symlinks in it are
+    followed; None where it climbs out of the target or loops (the data filter refuses those)."""
+    pending, resolved, hops = list(pending), [], 0
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            if not resolved:
+                return None
+            resolved.pop()
+            continue
+        here = _joined([*resolved, part])
+        if here in links and (pending or follow_last):
+            hops += 1
+            if hops > _MAX_HOPS or links[here].startswith("/"):
+                return None
+            pending = _parts(links[here]) + pending  # relative to the link's directory: ``resolved``
+            continue
+        resolved.append(part)
+    return resolved
+
+
+class _ReachesState(tarfile.FilterError):
+    def __init__(self, name: str, why: str):
+        super().__init__(f"{name!r}: {why}")
+
+
+def _data_outside_state(target: str):
+    """tarfile's 'data' filter, then one more refusal: a member whose path, or whose link's
+    target, resolves outside the data on the disk as it is when that member is extracted (links
+    extracted before it included)."""
+    root = os.path.realpath(target)
+
+    def check(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo:
+        member = tarfile.data_filter(member, destination)
+        reached = [os.path.join(destination, member.name)]
+        if member.issym():
+            reached.append(os.path.join(destination, os.path.dirname(member.name), member.linkname))
+        elif member.islnk():
+            reached.append(os.path.join(destination, member.linkname))
+        for path in reached:
+            if why := outside_the_data(root, os.path.realpath(path)):
+                raise _ReachesState(member.name, why)
+        return member
+
+    return check

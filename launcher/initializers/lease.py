@@ -23,6 +23,7 @@ down at once: ``on_lost`` ends the process retryably rather than letting two wri
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -33,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
-from launcher.initializers.engine import STATE_DIR, TransientError
+from launcher.initializers.engine import TransientError, own_state_directory
 from launcher.initializers.knobs import INIT_KNOBS
 
 LEASE = "lease"
@@ -162,11 +163,27 @@ def start_of(pid: int | str) -> str | None:
 
 
 def _read(path: str) -> bytes | None:
+    """The lease's bytes, None when there is none. A symlink at its name is never followed
+    (initializers only make regular files there): it reads as an unreadable lease."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return b""
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
+def _remove_planted_link(path: str, log: Callable[[str], None]) -> None:
+    """A symlink at the lease's name is no lease (see _read): waiting a TTL for it to go stale
+    would be waiting for nothing, so it goes at once. Should a holder's lease replace it in
+    between, that holder sees its lease gone at its next beat and stops: never two writers."""
+    if os.path.islink(path):
+        log(f"{path}: a symbolic link, not a lease; removed (its target left alone)")
+        os.unlink(path)
 
 
 def _wall() -> str:
@@ -294,9 +311,10 @@ def acquire(target: str, ttl: float, wait: float, log: Callable[[str], None],
             on_lost: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> Lease:
     """Hold the target's lease, waiting for (or taking over from) another holder. Raises
     :class:`LeaseTimeout` after ``wait`` seconds (0: no limit) of a lease that stays live."""
-    directory = os.path.join(target, STATE_DIR)
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(target, exist_ok=True)
+    directory = own_state_directory(target, log)
     path = os.path.join(directory, LEASE)
+    _remove_planted_link(path, log)
     here = this_node()
     me = Holder(secrets.token_hex(8), socket.gethostname(), os.getpid(), ttl, 0, here,
                 start_of("self"), _wall())

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator
+import stat
+from typing import Callable, Iterator
 from urllib.parse import quote
 
 from launcher.initializers.engine import PermanentError, RemoteFile, TransientError, local_source_error
@@ -12,30 +13,72 @@ from launcher.initializers.uri import StorageUri
 
 
 class FileSource:
-    """file:///path: a directory (every file below it) or one file, e.g. from a mounted PVC."""
+    """file:///path: a directory (every file below it) or one file, e.g. from a mounted PVC.
+
+    The path given is trusted as it is, links included. Below it, a symbolic link is followed only
+    to a file inside the source: that file's bytes are copied under the link's name (datasets
+    share files this way). A link that leaves the source is skipped with one line naming the link,
+    never its target: the source is a volume others write, and a link to, say, the pod's
+    service-account token would otherwise be copied into the dataset. A link to a directory is
+    skipped with one line too, wherever it points: descending would copy a tree twice, or forever
+    around a loop; the tree it names, where it lies inside the source, is copied from there.
+    Anything but files and directories (FIFOs, sockets, devices) is skipped: nothing to copy."""
 
     supports_range = True
 
-    def __init__(self, uri: StorageUri):
-        self.root = uri.path
+    def __init__(self, uri: StorageUri, log: Callable[[str], None] = print):
+        self.root, self.log = uri.path, log
 
     def list(self) -> list[RemoteFile]:
         if os.path.isfile(self.root):
-            return [self._file(self.root, os.path.basename(self.root))]
+            return [self._file(os.path.realpath(self.root), os.path.basename(self.root), os.stat(self.root))]
         if not os.path.isdir(self.root):
             raise PermanentError(f"{self.root} does not exist", "NotFound")
+        real_root = os.path.realpath(self.root)
         found = []
-        for directory, _, names in os.walk(self.root):
+        for directory, subdirectories, names in os.walk(self.root):
+            for name in subdirectories:
+                path = os.path.join(directory, name)
+                if os.path.islink(path):  # os.walk lists links to directories here, and does not enter them
+                    self._skip(path, "a symbolic link to a directory")
             for name in names:
                 path = os.path.join(directory, name)
-                if os.path.isfile(path):
-                    found.append(self._file(path, os.path.relpath(path, self.root).replace(os.sep, "/")))
+                try:
+                    info = os.lstat(path)
+                except FileNotFoundError:
+                    continue  # removed since the directory was read
+                if stat.S_ISLNK(info.st_mode):
+                    path, info = self._resolve(path, real_root)
+                if info is not None and stat.S_ISREG(info.st_mode):
+                    found.append(self._file(path, self._relative(os.path.join(directory, name)), info))
         return found
 
+    def _resolve(self, link: str, real_root: str) -> tuple[str, os.stat_result | None]:
+        """Where a link below the root leads, if it is a file inside the source: (its real path,
+        its stat); else (link, None), said once."""
+        resolved = os.path.realpath(link)
+        if os.path.commonpath([real_root, resolved]) != real_root:
+            self._skip(link, "a symbolic link that leaves the source")
+            return link, None
+        try:
+            info = os.stat(resolved)
+        except OSError:
+            self._skip(link, "a symbolic link to nothing")
+            return link, None
+        if not stat.S_ISREG(info.st_mode):
+            self._skip(link, "a symbolic link to something that is not a file")
+            return link, None
+        return resolved, info
+
+    def _relative(self, path: str) -> str:
+        return os.path.relpath(path, self.root).replace(os.sep, "/")
+
+    def _skip(self, link: str, why: str) -> None:
+        self.log(f"file://{self.root}: {self._relative(link)!r}: skipped, {why}")
+
     @staticmethod
-    def _file(path: str, relative: str) -> RemoteFile:
-        stat = os.stat(path)
-        return RemoteFile(relative, stat.st_size, None, f"{stat.st_mtime_ns}:{stat.st_size}", path)
+    def _file(path: str, relative: str, info: os.stat_result) -> RemoteFile:
+        return RemoteFile(relative, info.st_size, None, f"{info.st_mtime_ns}:{info.st_size}", path)
 
     def local_path(self, file: RemoteFile) -> str | None:
         """The engine copies it with the kernel (copy_file_range/sendfile), not through read()."""
@@ -43,7 +86,7 @@ class FileSource:
 
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
         try:
-            with open(file.key, "rb") as handle:
+            with os.fdopen(os.open(file.key, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
                 handle.seek(start)
                 left = None if end is None else end - start
                 while chunk := handle.read(chunk_size if left is None else min(chunk_size, left)):
