@@ -133,6 +133,7 @@ def launcher_role(tmp_path: Path, hostfile_text: str) -> tuple[Path, Path]:
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "id_rsa").write_text("never used: no ssh in this test\n")
+    (keys / "id_rsa.pub").write_text("ecdsa-sha2-nistp521 AAAAbmV2ZXIgdXNlZA== pinned, never presented\n")
     (keys / "authorized_keys").write_text("never used\n")
     return hostfile, keys
 
@@ -227,3 +228,104 @@ def test_sigterm_while_waiting_for_workers_stops_at_once_with_143(mpi, tmp_path)
     job.signal(15)
     assert job.wait(30) == 143
     assert job.termination()["reason"] == "Terminated"
+
+
+# A worker that serves ssh with a host key of its own, not the Secret's: the sshd first on its PATH
+# swaps the HostKey of the config the worker role wrote for a key it makes itself (ECDSA P-521 like
+# the Secret's, so only the key differs), on the pod named in OWN_HOST_KEY_POD only.
+_SSHD_WITH_ITS_OWN_HOST_KEY = """#!/bin/sh
+for config; do :; done
+case "$(hostname)" in
+  "$OWN_HOST_KEY_POD") ;;
+  *) exec /usr/sbin/sshd "$@" ;;
+esac
+state=$(dirname "$config")
+ssh-keygen -q -t ecdsa -b 521 -N '' -C its-own -f "$state/own_host_key" </dev/null || exit 1
+sed "s|^HostKey .*|HostKey $state/own_host_key|" "$config" > "$state/own_sshd_config"
+exec /usr/sbin/sshd -D -e -f "$state/own_sshd_config"
+"""
+
+
+def sshd_with_its_own_host_key(shared_dir: Path, pod: str) -> tuple[dict[str, str], str]:
+    """The env and the PATH directory that make worker ``pod`` present a host key other than the
+    mounted Secret's."""
+    bin_dir = shared_dir / "own-host-key-bin"
+    bin_dir.mkdir()
+    (bin_dir / "sshd").write_text(_SSHD_WITH_ITS_OWN_HOST_KEY)
+    (bin_dir / "sshd").chmod(0o755)
+    return {"OWN_HOST_KEY_POD": pod}, str(bin_dir)
+
+
+@needs_cluster
+def test_a_worker_whose_host_key_is_not_the_secrets_is_refused_with_one_permanent_line(mpi, tmp_path, shared_dir):
+    env, bin_dir = sshd_with_its_own_host_key(shared_dir, "local-node-0-1")
+    env["PATH"] = f"{bin_dir}:{mpi['env']['PATH']}"
+    job = local_mpi(mpi, tmp_path, shared_dir, nproc=1, **env)
+    assert job.wait(180) == 2, job.stderr
+    message = job.termination()
+    assert (message["exitCode"], message["reason"], message["retryable"]) == (2, "HostKeyMismatch", False), message
+    assert "local-node-0-1" in message["message"] and "does not match" in message["message"], message
+    assert message["rootCause"]["node"].startswith("local-node-0-1"), message
+    said = [line for line in job.stderr.splitlines() if "does not match the mounted Secret" in line]
+    assert said and all("local-node-0-1" in line for line in said), job.stderr
+    assert reports(shared_dir) == {}, "a rank ran although a worker's host key is not the Secret's"
+
+
+@needs_cluster
+def test_with_host_key_checking_off_a_worker_with_its_own_host_key_is_reached_saying_so_once(mpi, tmp_path,
+                                                                                              shared_dir):
+    env, bin_dir = sshd_with_its_own_host_key(shared_dir, "local-node-0-1")
+    env.update(PATH=f"{bin_dir}:{mpi['env']['PATH']}", LAUNCHER_SSH_HOST_KEY_CHECKING="off")
+    job = local_mpi(mpi, tmp_path, shared_dir, nproc=1, **env)
+    assert job.wait(180) == 0, job.stderr
+    assert sorted(reports(shared_dir)) == [0, 1]
+    warned = [line for line in job.stderr.splitlines() if "ssh accepts any host key" in line]
+    assert len(warned) == 1 and "LAUNCHER_SSH_HOST_KEY_CHECKING=off" in warned[0], job.stderr
+
+
+def secret_mount(directory: Path, with_public_key: bool) -> Path:
+    mount = directory / "mount"
+    mount.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-C", "the-secret",
+                    "-f", str(mount / "id_rsa")], check=True)
+    if not with_public_key:
+        shutil.copy(mount / "id_rsa.pub", mount / "authorized_keys")
+        (mount / "id_rsa.pub").unlink()
+    return mount
+
+
+@pytest.mark.skipif(not shutil.which("ssh-keygen"), reason="needs ssh-keygen")
+@pytest.mark.parametrize("with_public_key", [True, False], ids=["id_rsa.pub", "derived-from-id_rsa"])
+def test_the_pinned_key_is_the_secrets_public_key_read_or_derived(tmp_path, with_public_key):
+    from launcher.mpi import ssh
+
+    mount = secret_mount(tmp_path, with_public_key)
+    public = (mount / ("id_rsa.pub" if with_public_key else "authorized_keys")).read_text().split()[:2]
+    ssh.install_keys(str(mount), str(tmp_path / "private"))
+    assert ssh.mounted_public_key(str(mount), str(tmp_path / "private")).split()[:2] == public
+
+
+def test_a_public_key_that_is_not_one_is_a_config_error_naming_the_mount(tmp_path):
+    from launcher.core.outcome import ConfigError
+    from launcher.mpi import ssh
+
+    (tmp_path / "id_rsa.pub").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    with pytest.raises(ConfigError) as raised:
+        ssh.mounted_public_key(str(tmp_path), str(tmp_path / "private"))
+    assert str(tmp_path) in str(raised.value) and "id_rsa.pub" in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_private_key_ssh_keygen_cannot_read_is_a_config_error_naming_the_mount(tmp_path):
+    from launcher.core.outcome import ConfigError
+    from launcher.mpi import ssh
+
+    if not shutil.which("ssh-keygen"):
+        pytest.skip("needs ssh-keygen")
+    (tmp_path / "private").mkdir(mode=0o700)
+    (tmp_path / "private" / "id_key").write_text("not a key\n")
+    (tmp_path / "private" / "id_key").chmod(0o600)
+    with pytest.raises(ConfigError) as raised:
+        ssh.mounted_public_key(str(tmp_path), str(tmp_path / "private"))
+    assert str(tmp_path) in str(raised.value) and "ssh-keygen -y" in str(raised.value)
+    assert "\n" not in str(raised.value)

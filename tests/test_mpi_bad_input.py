@@ -119,6 +119,8 @@ CASES = [
     plan_env("export-env-only-commas", "LAUNCHER_MPI_EXPORT", ",,"),
     plan_flag("abort-on-exception-maybe", "--abort-on-exception", "maybe"),
     plan_flag("ssh-listen-address-bad", "--ssh-listen-address", "bad host!"),
+    plan_flag("ssh-host-key-checking-no", "--ssh-host-key-checking", "no"),
+    plan_env("ssh-host-key-checking-env-strict", "LAUNCHER_SSH_HOST_KEY_CHECKING", "strict"),
     # --- finding mpirun ------------------------------------------------------------------------------
     Case("mpirun-flag-nonexistent", ("plan", "--framework", "mpi", "--mpirun", "/nonexistent/mpirun",
                                      "--hostfile", f"{TMP}/good", "--", "prog"), "--mpirun", "/nonexistent/mpirun"),

@@ -26,11 +26,12 @@ from launcher.mpi.plan import (
     abort_on_exception,
     exported_names,
     hostfile_option,
+    known_hosts_text,
     plan_mpi,
     split_mpirun_args,
 )
-from launcher.mpi.job import _root_cause_from_output
-from launcher.core.outcome import ConfigError, RootCause
+from launcher.mpi.job import _root_cause_from_output, host_key_refused, refused_host
+from launcher.core.outcome import DEFAULT_RETRYABLE_EXIT_CODES, ConfigError, RootCause, is_retryable
 from launcher.core.settings import Override
 from launcher.mpi.settings import MpiSettings
 from launcher.core.supervisor import Child
@@ -524,13 +525,84 @@ def test_ssh_client_files(ssh_dir, impl):
     plan = make_plan(impl)
     config = plan.ssh_config_text
     lines = {line.strip() for line in config.splitlines()}
-    for expected in ("Port 2222", f"IdentityFile {ssh_dir / 'id_key'}", "StrictHostKeyChecking no",
-                     "UserKnownHostsFile /dev/null", "BatchMode yes"):
+    for expected in ("Port 2222", f"IdentityFile {ssh_dir / 'id_key'}", "BatchMode yes"):
         assert expected in lines, config
     assert any(line.startswith("ConnectionAttempts ") for line in lines), config
     wrapper = plan.ssh_wrapper_text
     assert wrapper.startswith("#!/bin/sh\n")
     assert f'exec ssh -F "{ssh_dir / "ssh_config"}" "$@"' in wrapper
+
+
+def ssh_options(config: str) -> dict[str, str]:
+    return dict(line.strip().split(" ", 1) for line in config.splitlines()[2:] if line.strip())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_by_default_ssh_accepts_only_the_secrets_key_pinned_in_the_ssh_dir(ssh_dir, impl):
+    plan = make_plan(impl)
+    options = ssh_options(plan.ssh_config_text)
+    assert plan.known_hosts_path == str(ssh_dir / "known_hosts")
+    assert options["StrictHostKeyChecking"] == "yes"
+    assert options["UserKnownHostsFile"] == plan.known_hosts_path
+    # nothing but the pin: no image-wide file, no address entries, nothing ssh adds by itself
+    assert options["GlobalKnownHostsFile"] == "/dev/null"
+    assert (options["CheckHostIP"], options["UpdateHostKeys"]) == ("no", "no")
+    assert plan.to_json()["ssh"]["knownHosts"] == plan.known_hosts_path
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("flags, env", [
+    pytest.param({"ssh_host_key_checking": "off"}, {}, id="flag"),
+    pytest.param({}, {"LAUNCHER_SSH_HOST_KEY_CHECKING": "OFF"}, id="env"),
+])
+def test_with_host_key_checking_off_ssh_accepts_any_host_key_as_before(ssh_dir, monkeypatch, impl, flags, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    plan = make_plan(impl, **flags)
+    options = ssh_options(plan.ssh_config_text)
+    assert plan.known_hosts_path is None and plan.to_json()["ssh"]["knownHosts"] is None
+    assert (options["StrictHostKeyChecking"], options["UserKnownHostsFile"]) == ("no", "/dev/null")
+    assert "GlobalKnownHostsFile" not in options
+
+
+def test_a_flag_wins_over_the_env_for_host_key_checking(ssh_dir, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_SSH_HOST_KEY_CHECKING", "off")
+    assert make_plan(OMPI5, ssh_host_key_checking="pinned").known_hosts_path == str(ssh_dir / "known_hosts")
+
+
+def test_an_unknown_host_key_checking_is_a_one_line_config_error(ssh_dir):
+    with pytest.raises(ConfigError) as raised:
+        mpi_settings(ssh_host_key_checking="yes")
+    assert "--ssh-host-key-checking='yes'" in str(raised.value) and "pinned, off" in str(raised.value)
+
+
+P521 = "ecdsa-sha2-nistp521 AAAAE2VjZHNhLXNoYTItbmlzdHA1MjE="
+
+
+@pytest.mark.parametrize("public_key", [
+    pytest.param(f"{P521} trainer@tj\n", id="with-comment"),
+    pytest.param(f"{P521}\n", id="no-comment"),
+    pytest.param(f"  {P521}  \n", id="spaces"),
+    pytest.param(f"{P521} a comment with spaces\r\n", id="crlf"),
+])
+def test_known_hosts_pins_the_secrets_key_for_every_host_and_port(public_key):
+    lines = known_hosts_text(public_key).splitlines()
+    assert lines[0].startswith("#")
+    # "*" matches "[tj-node-0-1.tj]:2222", the name ssh looks up for a port other than 22
+    assert lines[1:] == [f"* {P521}"]
+
+
+@pytest.mark.parametrize("public_key", ["", "\n", "ecdsa-sha2-nistp521\n", "not a key!\n", "ECDSA AAAA\n",
+                                        "ecdsa-sha2-nistp521 AAAA$$$\n"])
+def test_known_hosts_refuses_what_is_not_a_public_key(public_key):
+    with pytest.raises(ValueError, match="public key"):
+        known_hosts_text(public_key)
+
+
+def test_the_hydra_ssh_wrapper_drops_intel_mpis_quiet_flag(ssh_dir):
+    """-q would silence ssh's refusal of a host key (Intel MPI runs ``ssh -q -x HOST ...``)."""
+    wrapper = make_plan(INTEL).ssh_wrapper_text.splitlines()
+    assert wrapper[1] == 'if [ "$1" = -q ]; then shift; fi'
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -643,6 +715,40 @@ def test_root_cause_from_output(lines, rank, node):
     assert after.rank == rank
     assert after.node == node
     assert after.exit_code == 3  # what supervise knew is kept
+
+
+SSH_CHANGED = [
+    "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@",
+    "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @",
+    "Offending ECDSA key in /home/mpiuser/.trainer-launcher/ssh/known_hosts:2",
+    "Host key for [tj-node-0-1.tj]:2222 has changed and you have requested strict checking.",
+    "Host key verification failed.",
+]
+
+
+@pytest.mark.parametrize("lines, host", [
+    pytest.param(SSH_CHANGED, "tj-node-0-1.tj", id="same-type-other-key"),
+    pytest.param(["No ED25519 host key is known for [tj-node-0-2.tj]:2222 and you have requested strict checking.",
+                  "Host key verification failed."], "tj-node-0-2.tj", id="key-of-another-type"),
+    pytest.param(["Host key for tj-node-0-1.tj has changed and you have requested strict checking."],
+                 "tj-node-0-1.tj", id="port-22"),
+    pytest.param(["[local-launcher-0-0] Host key for [10.0.0.7]:2222 has changed and you have requested strict "
+                  "checking."], "10.0.0.7", id="prefixed-address"),
+    pytest.param(NOISE + ["Host key verification failed."], None, id="unnamed"),
+])
+def test_the_host_whose_key_ssh_refused_is_read_from_its_own_words(lines, host):
+    assert refused_host(lines) == host
+
+
+@pytest.mark.parametrize("host", ["tj-node-0-1.tj", None])
+def test_a_refused_host_key_is_one_permanent_line_naming_the_host(host):
+    outcome = host_key_refused(host)
+    assert (outcome.exit_code, outcome.reason) == (2, "HostKeyMismatch")
+    assert not is_retryable(outcome.exit_code, DEFAULT_RETRYABLE_EXIT_CODES)
+    assert "\n" not in outcome.message and "does not match the mounted Secret's key" in outcome.message
+    assert "LAUNCHER_SSH_HOST_KEY_CHECKING=off" in outcome.message
+    if host:
+        assert outcome.message.startswith(f"ssh refused {host}:") and outcome.root_cause.node == host
 
 
 @pytest.mark.parametrize("lines", [[], NOISE, ["rank 1 finished", "node tj-node-0-1 ok"]], ids=["empty", "noise", "near-miss"])

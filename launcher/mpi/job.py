@@ -10,17 +10,19 @@ import socket
 import sys
 import time
 from dataclasses import replace
+from typing import Callable, Iterable
 
 from launcher.core import log, netwait, settings, versions
 from launcher.core.exec_job import supervise
 from launcher.mpi import ssh
 from launcher.mpi.detect import MpiImpl, detect, find_libmpi
 from launcher.mpi.hostfile import Host, parse_hostfile
-from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, plan_mpi, split_mpirun_args
+from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, known_hosts_text, plan_mpi, split_mpirun_args
 from launcher.mpi.rank import REPORT_ENV
 from launcher.mpi.reports import RankFailure, RankReports, facing_address
 from launcher.core.outcome import (
-    PEER_LOSS_PATTERN, ConfigError, LauncherError, Outcome, RootCause, classify, evidence_regex, terminated,
+    CONFIG_ERROR, PEER_LOSS_PATTERN, ConfigError, LauncherError, Outcome, RootCause, classify, evidence_regex,
+    terminated,
 )
 from launcher.core.report import run_command
 from launcher.core.settings import HostEnv, LauncherSettings, Override
@@ -37,6 +39,14 @@ _FAILED_HOST = (
     re.compile(r"RUNNING AT (\S+)"),  # hydra's BAD TERMINATION banner
     re.compile(r"on node (\S+) exited on signal"),  # Open MPI
 )
+# ssh's own words when it refuses a worker's host key under the pin, with the name it looked up
+# ("[host]:port" for a port other than 22): the key it got differs from the pinned one, or is of a
+# type the pin has none of.
+_HOST_KEY_REFUSED = (
+    re.compile(r"Host key for (\S+) has changed and you have requested strict checking"),
+    re.compile(r"No \S+ host key is known for (\S+) and you have requested strict checking"),
+)
+_HOST_KEY_FAILED = "Host key verification failed"
 
 
 def read_hosts(mpi: MpiSettings, mpi_overrides: dict[str, Override]) -> tuple[Host, ...]:
@@ -88,11 +98,18 @@ def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Ov
         try:
             mpi, plan = make_plan(mpi_overrides, rest, launcher)
             ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
+            if plan.known_hosts_path is not None:
+                public_key = ssh.mounted_public_key(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
+                ssh.write_private(plan.known_hosts_path, known_hosts_text(public_key))
             ssh.write_private(plan.hostfile_path, plan.hostfile_text, 0o644)
             ssh.write_private(plan.ssh_config_path, plan.ssh_config_text)
             ssh.write_private(plan.ssh_wrapper_path, plan.ssh_wrapper_text, 0o700)
         except LauncherError as error:
             return error.outcome().on_node(socket.gethostname())
+        if plan.known_hosts_path is None:
+            knob = settings.source_of(MpiSettings, "ssh_host_key_checking", mpi_overrides)
+            log.warning(f"mpi: {knob or 'LAUNCHER_SSH_HOST_KEY_CHECKING'}=off: ssh accepts any host key from the "
+                        "workers, so a host on the pod network could pose as one")
         log.info(f"mpi: {plan.impl.name} {plan.impl.major or ''} on {len(plan.hosts)} hosts, "
                  f"{plan.ranks if plan.ranks is not None else 'user-set'} ranks: {' '.join(plan.argv[:8])} ...",
                  plan=plan.to_json())
@@ -122,13 +139,28 @@ def _wait(plan: MpiPlan, launcher: LauncherSettings) -> Outcome | None:
 
 
 def _run(plan: MpiPlan, launcher: LauncherSettings) -> Outcome:
-    """mpirun, supervised; with the ranks' failure reports, when they send them, naming the root cause."""
+    """mpirun, supervised; a worker's host key that ssh refused, else the ranks' failure reports
+    when they send them, names the root cause."""
+    refused: list[str | None] = []
+
+    def judged(child: Child, cause: RootCause, received: list[RankFailure] | None = None) -> RootCause:
+        if any(_HOST_KEY_FAILED in line for line in child.tail):
+            refused.append(refused_host(child.tail))
+        return root_cause(plan, child, cause, received)
+
+    outcome = _run_judged(plan, launcher, judged)
+    return host_key_refused(refused[0]) if refused and outcome.exit_code != 0 else outcome
+
+
+def _run_judged(plan: MpiPlan, launcher: LauncherSettings, judged: Callable[..., RootCause]) -> Outcome:
+    """mpirun, supervised, its failure judged by ``judged``; with the ranks' failure reports
+    when they send them."""
     env = {**settings.environ(), **plan.env_set}
     # Where the ranks in the workers' pods reach this one (the failure reports, the hang's stacks).
     facing = facing_address(plan.wait_hosts, plan.ssh_port)
     board_at = facing if plan.wait_hosts else None
     if not plan.rank_reports:
-        return supervise(launcher, list(plan.argv), env, lambda child, cause: root_cause(plan, child, cause),
+        return supervise(launcher, list(plan.argv), env, judged,
                          reports_status=True, board_at=board_at)
     try:
         reports = RankReports(*facing)
@@ -136,15 +168,37 @@ def _run(plan: MpiPlan, launcher: LauncherSettings) -> Outcome:
         log.warning(f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
                     "the failing rank is named from mpirun's output only")
         return supervise(launcher, list(plan.argv), {REPORT_ENV: "", **env},
-                         lambda child, cause: root_cause(plan, child, cause), reports_status=True, board_at=board_at)
+                         judged, reports_status=True, board_at=board_at)
     with reports:
         # First, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment on the
         # way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end it.
         outcome = supervise(launcher, list(plan.argv), {**reports.env, **env},
-                            lambda child, cause: root_cause(plan, child, cause, reports.received),
+                            lambda child, cause: judged(child, cause, reports.received),
                             reports_status=True, board_at=board_at)
         received = reports.received
     return with_reported_error(outcome, received, launcher)
+
+
+def refused_host(lines: Iterable[str]) -> str | None:
+    """The worker whose host key ssh refused, as the hostfile names it, from mpirun's output."""
+    for line in lines:
+        for pattern in _HOST_KEY_REFUSED:
+            if match := pattern.search(line):
+                looked_up = match[1]
+                bracketed = re.fullmatch(r"\[(.+)\]:\d+", looked_up)
+                return bracketed[1] if bracketed else looked_up
+    return None
+
+
+def host_key_refused(host: str | None) -> Outcome:
+    """Permanent: the worker serves a key other than the Secret's (its sshd has keys of its own,
+    or the name reached another host); a restart meets the same key, so the runtimes' policy
+    fails the job at once rather than retrying into it."""
+    who = host or "a worker (ssh did not say which)"
+    return Outcome(CONFIG_ERROR, "HostKeyMismatch",
+                   f"ssh refused {who}: its host key does not match the mounted Secret's key, which the worker "
+                   f"role's sshd serves (a worker whose own sshd has host keys of its own needs "
+                   f"LAUNCHER_SSH_HOST_KEY_CHECKING=off)", RootCause(node=host) if host else None)
 
 
 def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher: LauncherSettings) -> Outcome:

@@ -24,6 +24,11 @@ MPI_KNOBS: dict[str, Knob] = {
     "ssh_dir": Knob(
         "LAUNCHER_SSH_DIR", "--ssh-dir",
         "a private writable directory for key copies and ssh/sshd configs; default ~/.trainer-launcher/ssh"),
+    "ssh_host_key_checking": Knob(
+        "LAUNCHER_SSH_HOST_KEY_CHECKING", "--ssh-host-key-checking",
+        "pinned (default): ssh reaches a worker only if its host key is the mounted Secret's, the key the "
+        "worker role's sshd serves; off: accept any host key (for workers whose own sshd has host keys of "
+        "its own), so a host on the pod network could pose as a worker"),
     "ssh_listen_address": Knob(
         "LAUNCHER_SSH_LISTEN_ADDRESS", "--ssh-listen-address", "worker: the address sshd listens on; default all"),
     "export": Knob(

@@ -57,6 +57,7 @@ class MpiPlan:
     hostfile_text: str
     ssh_config_path: str
     ssh_config_text: str
+    known_hosts_path: str | None  # pins the workers' host key; None: any key is accepted
     ssh_wrapper_path: str
     ssh_wrapper_text: str
     argv: tuple[str, ...]
@@ -74,7 +75,8 @@ class MpiPlan:
             "hosts": [{"name": h.name, "slots": h.slots} for h in self.hosts],
             "ranks": self.ranks,
             "hostfile": {"path": self.hostfile_path, "text": self.hostfile_text},
-            "ssh": {"config": self.ssh_config_path, "configText": self.ssh_config_text, "port": self.ssh_port},
+            "ssh": {"config": self.ssh_config_path, "configText": self.ssh_config_text, "port": self.ssh_port,
+                    "knownHosts": self.known_hosts_path},
             "argv": list(self.argv),
             "env": {"set": self.env_set, "exported": list(self.exported)},
             "wait": {"hosts": list(self.wait_hosts), "port": self.ssh_port},
@@ -149,21 +151,58 @@ def reports_to_launcher(program: tuple[str, ...]) -> bool:
     return any(program[i:i + 2] == ("-m", RANK_MODULE) for i in range(len(program) - 1))
 
 
-def ssh_client_config(identity: str, port: int) -> str:
+def ssh_client_config(identity: str, port: int, known_hosts: str | None) -> str:
+    """``known_hosts``: the file :func:`known_hosts_text` fills, the only host key ssh accepts;
+    None accepts any (LAUNCHER_SSH_HOST_KEY_CHECKING=off)."""
+    if known_hosts is None:
+        checking = "    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n"
+    else:
+        # Only our pin counts: not the image's global file, not the address a name resolves to
+        # (pods' addresses change), and ssh never writes a key of its own choosing beside it.
+        checking = (
+            "    StrictHostKeyChecking yes\n"
+            f"    UserKnownHostsFile {known_hosts}\n"
+            "    GlobalKnownHostsFile /dev/null\n"
+            "    CheckHostIP no\n"
+            "    UpdateHostKeys no\n"
+            "    HashKnownHosts no\n"
+        )
     return (
         "# written by trainer-launcher: how mpirun reaches the workers' sshd\n"
         "Host *\n"
         f"    Port {port}\n"
         f"    IdentityFile {identity}\n"
         "    IdentitiesOnly yes\n"
-        "    StrictHostKeyChecking no\n"
-        "    UserKnownHostsFile /dev/null\n"
+        f"{checking}"
         "    LogLevel ERROR\n"
         "    BatchMode yes\n"
         "    ConnectionAttempts 10\n"
         "    ConnectTimeout 10\n"
         "    ServerAliveInterval 30\n"
     )
+
+
+# An OpenSSH public key line: its type, its base64 body (which starts with the type's length, so
+# "AAAA"), an optional comment.
+PUBLIC_KEY_LINE = re.compile(r"\s*((?:ssh|ecdsa|sk)-[a-z0-9@.-]+)\s+(AAAA[A-Za-z0-9+/]*={0,2})(?:\s.*)?", re.DOTALL)
+
+
+def known_hosts_text(public_key: str) -> str:
+    """The known_hosts file that pins the workers' host key to the Secret's public key (a
+    :data:`PUBLIC_KEY_LINE`), for every host: the worker role's sshd serves the Secret's private
+    key as its host key. ``*`` also matches the ``[host]:port`` names ssh looks up for a port other
+    than 22, and the names mpirun rewrites (Open MPI writes the launcher's own pod by its hostname)."""
+    match = PUBLIC_KEY_LINE.fullmatch(public_key)
+    if match is None:
+        raise ValueError("an OpenSSH public key line: TYPE BASE64 [COMMENT]")
+    return f"# written by trainer-launcher: every worker's host key is the ssh Secret's\n* {match[1]} {match[2]}\n"
+
+
+def ssh_wrapper(ssh_config: str) -> str:
+    """The ssh that hydra (MPICH, Intel MPI) runs. Intel MPI calls ``ssh -q -x HOST ...``, and -q
+    would silence even ssh's refusal of a worker's host key; the config's LogLevel ERROR keeps the
+    rest quiet."""
+    return f'#!/bin/sh\nif [ "$1" = -q ]; then shift; fi\nexec ssh -F "{ssh_config}" "$@"\n'
 
 
 def plan_mpi(
@@ -191,6 +230,7 @@ def plan_mpi(
     hostfile_path = os.path.join(ssh_dir, "hostfile")
     ssh_config = os.path.join(ssh_dir, "ssh_config")
     wrapper = os.path.join(ssh_dir, "ssh")
+    known_hosts = os.path.join(ssh_dir, "known_hosts") if settings.ssh_host_key_checking == "pinned" else None
     # The hostfile options go: the translated copy of the file they named takes their place.
     flags = tuple(word for option in _options(flags)[0]
                   if option[0].split("=", 1)[0] not in _HOSTFILE for word in option)
@@ -266,9 +306,10 @@ def plan_mpi(
         hostfile_path=hostfile_path,
         hostfile_text=render(rendered, impl.flavor),
         ssh_config_path=ssh_config,
-        ssh_config_text=ssh_client_config(os.path.join(ssh_dir, "id_key"), settings.ssh_port),
+        ssh_config_text=ssh_client_config(os.path.join(ssh_dir, "id_key"), settings.ssh_port, known_hosts),
+        known_hosts_path=known_hosts,
         ssh_wrapper_path=wrapper,
-        ssh_wrapper_text=f'#!/bin/sh\nexec ssh -F "{ssh_config}" "$@"\n',
+        ssh_wrapper_text=ssh_wrapper(ssh_config),
         argv=tuple(argv),
         env_set=env,
         exported=exported,

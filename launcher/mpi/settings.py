@@ -36,6 +36,8 @@ class MpiSettings(Settings):
     ssh_port: Annotated[int, NoDecode, parsed(int_in(1, 65535, "a port"))] = _mpi_knob("ssh_port", 2222)
     ssh_auth_mount_path: str = _mpi_knob("ssh_auth_mount_path", os.path.expanduser("~/.ssh"))
     ssh_dir: str = _mpi_knob("ssh_dir", os.path.expanduser("~/.trainer-launcher/ssh"))
+    ssh_host_key_checking: Annotated[str, NoDecode, parsed(parse_choice("pinned", "off"))] = _mpi_knob(
+        "ssh_host_key_checking", "pinned")
     ssh_listen_address: Annotated[str | None, NoDecode, parsed(parse_host)] = _mpi_knob("ssh_listen_address", None)
     export: Annotated[tuple[str, ...], NoDecode, parsed(parse_globs)] = _mpi_knob("export", ("*",))
     export_deny: Annotated[tuple[str, ...], NoDecode, parsed(parse_globs)] = _mpi_knob("export_deny", ())

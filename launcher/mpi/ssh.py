@@ -1,5 +1,6 @@
 """ssh for MPI without root: private copies of the mounted keys, an sshd config for the worker,
-a client config and wrapper for the launcher.
+a client config and wrapper for the launcher, and the Secret's public key that the launcher pins
+as every worker's host key.
 
 Trainer mounts the Secret read-only (private key mode 0640, root-owned); ssh and sshd refuse a
 private key others can read, and a non-root sshd cannot use /etc/ssh. So both roles copy what
@@ -9,8 +10,11 @@ they need into a private directory with the modes ssh demands.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 from launcher.core.outcome import ConfigError
+from launcher.mpi.plan import PUBLIC_KEY_LINE
 
 PRIVATE_KEY = "id_rsa"  # the Trainer's name; the key itself is ECDSA P-521
 PUBLIC_KEY = "id_rsa.pub"
@@ -74,3 +78,37 @@ def install_keys(mount: str, private_dir: str, source: str = "LAUNCHER_SSH_AUTH_
     authorized = read(AUTHORIZED_KEYS, False) or read(PUBLIC_KEY, True)
     write_private(os.path.join(private_dir, "id_key"), key)
     write_private(os.path.join(private_dir, AUTHORIZED_KEYS), authorized)
+
+
+def mounted_public_key(mount: str, private_dir: str, source: str = "LAUNCHER_SSH_AUTH_MOUNT_PATH") -> str:
+    """The Secret's public key line: ``id_rsa.pub`` from the mount, or, where the Secret lacks it,
+    derived (``ssh-keygen -y``) from the private copy :func:`install_keys` wrote into
+    ``private_dir``. Reads only; writes nothing."""
+    path = os.path.join(mount, PUBLIC_KEY)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            key, origin = handle.read(), path
+    except FileNotFoundError:
+        key, origin = _derived_public_key(os.path.join(private_dir, "id_key"), mount, source), "ssh-keygen -y"
+    except (OSError, UnicodeDecodeError) as error:
+        why = getattr(error, "strerror", None) or error
+        raise ConfigError(source, mount, f"a readable {PUBLIC_KEY} ({why})") from None
+    if not PUBLIC_KEY_LINE.fullmatch(key):
+        raise ConfigError(source, mount, f"{PUBLIC_KEY} holding one OpenSSH public key, TYPE BASE64 [COMMENT] "
+                                         f"(from {origin})")
+    return key
+
+
+def _derived_public_key(private_key: str, mount: str, source: str) -> str:
+    keygen = shutil.which("ssh-keygen")
+    if keygen is None:
+        raise ConfigError(source, mount, f"{PUBLIC_KEY}, or ssh-keygen on PATH to derive it from {PRIVATE_KEY}")
+    try:
+        result = subprocess.run([keygen, "-y", "-f", private_key], capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(source, mount, f"{PUBLIC_KEY}, or a {PRIVATE_KEY} ssh-keygen -y reads within 30 s") from None
+    if result.returncode != 0:
+        said = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(source, mount, f"{PUBLIC_KEY}, or a {PRIVATE_KEY} ssh-keygen -y reads ({said})")
+    return result.stdout
