@@ -136,3 +136,4 @@ from image_fixtures import engine, mpi_image, net, torch_image  # noqa: E402,F40
 from storage_servers import fault_proxy, hub_server, s3_server, s3_server_auth  # noqa: E402,F401
 # The Trainer status server stand-in (tests/status_server.py), as a fixture.
 from status_fixtures import status_certs, status_server  # noqa: E402,F401
+import fuzz  # noqa: E402,F401: the property-based tests' profiles (LAUNCHER_FUZZ), loaded for every test file

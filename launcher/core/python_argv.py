@@ -27,6 +27,8 @@ class PythonCommand:
 
     def target_argv(self) -> list[str]:
         flag = {"script": [], "module": ["-m"], "code": ["-c"]}[self.kind]
+        if self.kind == "script" and self.target.startswith("-"):
+            flag = ["--"]  # `python -- -u` runs a script named -u: keep it a script
         return [*flag, self.target]
 
 

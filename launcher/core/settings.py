@@ -92,7 +92,8 @@ def split_host_port(text: str) -> tuple[str, int | None]:
         host, port = text.split(":")
     else:
         host, port = text, None
-    return host, (None if port is None else int(port) if port.isdigit() else -1)
+    # -1: not a port (callers name the range); isascii: int() would read '٣' as 3
+    return host, (None if port is None else int(port) if port.isascii() and port.isdigit() else -1)
 
 
 def parse_endpoint(raw: Any) -> str:

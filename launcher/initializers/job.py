@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import tarfile
@@ -122,24 +123,44 @@ def extract(archive: str, target: str) -> None:
     more as each is extracted, against what is on the disk by then."""
     check_name = _name_checker(target)
     if archive.endswith(".zip"):
-        with zipfile.ZipFile(archive) as bundle:
-            for member in bundle.infolist():
-                if (member.external_attr >> 16) & 0o170000 == 0o120000:
-                    raise PermanentError(f"refusing the symlink member {member.filename!r}", "UnsafePath")
-                check_name(member.filename)
-            bundle.extractall(target)
+        try:
+            with zipfile.ZipFile(archive) as bundle:
+                for member in bundle.infolist():
+                    if (member.external_attr >> 16) & 0o170000 == 0o120000:
+                        raise PermanentError(f"refusing the symlink member {member.filename!r}", "UnsafePath")
+                    check_name(member.filename)
+                bundle.extractall(target)
+        except zipfile.BadZipFile as error:
+            raise PermanentError(f"{os.path.basename(archive)}: not a readable archive ({error})", "BadArchive") from None
         return
     try:
         with tarfile.open(archive) as bundle:
             members = bundle.getmembers()
             for member in members:
-                check_name(member.name)
+                check_name(member.name, member.isdir())
             refuse_links_into_state(members)
             bundle.extractall(target, filter=_data_outside_state(target))
     except tarfile.FilterError as error:
         raise PermanentError(f"refusing archive member: {error}", "UnsafePath") from None
     except tarfile.TarError as error:
         raise PermanentError(f"{os.path.basename(archive)}: not a readable archive ({error})", "BadArchive") from None
+    except RecursionError:  # tarfile retries a link it cannot make through its target, and so on
+        raise PermanentError(f"{os.path.basename(archive)}: not a readable archive (links that lead in a circle)",
+                             "BadArchive") from None
+    except OSError as error:
+        if error.errno not in _NOT_A_TREE:
+            raise  # the disk's (full, read-only): the initializer sorts those
+        where = os.path.relpath(error.filename, target) if isinstance(error.filename, str) else "?"
+        raise PermanentError(f"{os.path.basename(archive)}: its members do not make one tree ({where!r}: "
+                             f"{error.strerror})", "BadArchive") from None
+    except KeyError as error:  # tarfile's word for a hard link to a member the archive lacks
+        raise PermanentError(f"{os.path.basename(archive)}: not a readable archive (a hard link whose target "
+                             f"is not in it: {error.args[0] if error.args else error})", "BadArchive") from None
+
+
+# A member that cannot be made where the members before it put something else: a file under a
+# file, a file over a directory, a name too long.
+_NOT_A_TREE = frozenset((errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ELOOP, errno.ENAMETOOLONG))
 
 
 def _name_checker(target: str):
@@ -148,8 +169,10 @@ def _name_checker(target: str):
     root = os.path.realpath(target)
     checked: dict[str, str] = {}
 
-    def check(name: str) -> None:
+    def check(name: str, directory: bool = True) -> None:
         relative = (name[2:] if name.startswith("./") else name).rstrip("/")
+        if not directory and relative in ("", "."):  # a file or link named "/" or ".": the target itself
+            raise PermanentError(f"refusing the archive member {name!r}: it names the target directory", "UnsafePath")
         if relative and relative != ".":
             destination = safe_destination(target, relative, checked)
             if why := outside_the_data(root, os.path.realpath(destination)):

@@ -145,6 +145,9 @@ class S3Source:
         what = f"get {file.key}"
         try:
             stream = obstore.get(store, file.key, options=options).stream(min_chunk_size=chunk_size)
+        except ValueError:  # obstore refuses some keys S3 holds (control characters): boto3 reads any
+            yield from self._read_with_boto3(file, start, chunk_size, end)
+            return
         except Exception as error:  # noqa: BLE001 - sorted below, never re-raised as is
             raise _obstore_error(error, what) from None
         while True:
@@ -155,6 +158,15 @@ class S3Source:
             except Exception as error:  # noqa: BLE001 - a broken body: the engine retries or resumes
                 raise TransientError(f"{file.key}: connection lost mid-body ({type(error).__name__})") from None
             yield chunk
+
+    def _read_with_boto3(self, file: RemoteFile, start: int, chunk_size: int, end: int | None) -> Iterator[bytes]:
+        ranged = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
+        body = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=file.key, **ranged),
+                          f"get {file.key!r}")["Body"]
+        try:
+            yield from body.iter_chunks(chunk_size)
+        except Exception as error:  # noqa: BLE001 - a broken body: the engine retries or resumes
+            raise TransientError(f"{file.key!r}: connection lost mid-body ({type(error).__name__})") from None
 
     def _body_store(self):
         """obstore's client for the bodies, built on the first read and shared by the engine's

@@ -37,14 +37,17 @@ def redact_uri(uri: str) -> str:
 def parse_storage_uri(raw: str, allowed: tuple[str, ...] = SCHEMES, name: str = "STORAGE_URI") -> StorageUri:
     if len(raw) > 2048 or not _CONTRACT.match(raw):
         raise ConfigError(name, redact_uri(raw), "SCHEME://... of at most 2048 characters, e.g. hf://owner/name or s3://bucket/prefix")
-    parts = urlsplit(raw)
+    try:
+        parts = urlsplit(raw)
+    except ValueError as error:  # s3://[ : an unclosed IPv6 bracket
+        raise ConfigError(name, redact_uri(raw), f"a URI that parses ({error})") from None
     scheme = parts.scheme.lower()
     if scheme not in allowed:
         raise ConfigError(name, redact_uri(raw), f"one of the schemes {', '.join(s + '://' for s in allowed)}")
     if scheme == "hf":
         segments = [s for s in f"{parts.netloc}{parts.path}".split("/") if s]
         if len(segments) < 2 or any(s in (".", "..") for s in segments):
-            raise ConfigError(name, raw, "hf://OWNER/NAME[/SUBFOLDER]")
+            raise ConfigError(name, redact_uri(raw), "hf://OWNER/NAME[/SUBFOLDER]")
         return StorageUri("hf", segments[0], "/".join(segments[1:]), raw)
     if scheme == "s3":
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", parts.netloc):
@@ -52,7 +55,7 @@ def parse_storage_uri(raw: str, allowed: tuple[str, ...] = SCHEMES, name: str = 
         return StorageUri("s3", parts.netloc, parts.path.lstrip("/"), raw)
     if scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise ConfigError(name, raw, "file:///ABSOLUTE/PATH")
+            raise ConfigError(name, redact_uri(raw), "file:///ABSOLUTE/PATH")
         return StorageUri("file", "", parts.path, raw)
     if not parts.netloc or not parts.path.strip("/"):
         raise ConfigError(name, redact_uri(raw), f"{scheme}://HOST/PATH/TO/FILE")

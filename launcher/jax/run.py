@@ -100,11 +100,14 @@ def _usage_error(message: str) -> None:
 
 def parse_target(argv: list[str]) -> tuple[str, str, list[str]]:
     """(kind, target, args): ``script``, ``module`` (-m) or ``code`` (-c)."""
-    if argv[:1] == ["--"]:
+    script_only = argv[:1] == ["--"]  # as after python's own --: the next word is a script, even "-m"
+    if script_only:
         argv = argv[1:]
     if not argv:
         _usage_error("nothing to run: python run.py [--] SCRIPT|-m MODULE|-c CODE [ARGS...]")
     first = argv[0]
+    if script_only:
+        return "script", first, argv[1:]
     for flag, kind in (("-m", "module"), ("-c", "code")):
         if first == flag:
             if len(argv) < 2:

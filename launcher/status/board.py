@@ -112,7 +112,7 @@ class StackBoard(TokenListener):
             return None if len(rank.received) < _DUMP_LIMIT else ""
         try:
             text = json.loads(rank.received.split(b"\n", 1)[0]).get("text")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, nested thousands deep
             return ""
         return text if isinstance(text, str) else ""
 

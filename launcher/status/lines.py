@@ -209,11 +209,13 @@ def _number_text(value) -> str | None:
 
 
 def _int(text: str) -> int | None:
+    """A step or a total: a count, so never negative (``step=-1`` is no progress)."""
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
         try:
-            number = float(text)
+            as_float = float(text)
         except ValueError:
             return None
-        return int(number) if number.is_integer() else None
+        number = int(as_float) if as_float.is_integer() else -1
+    return number if number >= 0 else None
