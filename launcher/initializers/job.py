@@ -121,41 +121,42 @@ def extract(archive: str, target: str) -> None:
     a link already in the target, or the archive's own links (``state -> .trainer-launcher`` then
     ``state/manifest.json``). Members are checked before the first is written; tar members once
     more as each is extracted, against what is on the disk by then."""
-    check_name = _name_checker(target)
-    if archive.endswith(".zip"):
-        try:
-            with zipfile.ZipFile(archive) as bundle:
-                for member in bundle.infolist():
-                    if (member.external_attr >> 16) & 0o170000 == 0o120000:
-                        raise PermanentError(f"refusing the symlink member {member.filename!r}", "UnsafePath")
-                    check_name(member.filename)
-                bundle.extractall(target)
-        except zipfile.BadZipFile as error:
-            raise PermanentError(f"{os.path.basename(archive)}: not a readable archive ({error})", "BadArchive") from None
-        return
+    name = os.path.basename(archive)
     try:
-        with tarfile.open(archive) as bundle:
-            members = bundle.getmembers()
-            for member in members:
-                check_name(member.name, member.isdir())
-            refuse_links_into_state(members)
-            bundle.extractall(target, filter=_data_outside_state(target))
+        (_extract_zip if archive.endswith(".zip") else _extract_tar)(archive, target, _name_checker(target))
     except tarfile.FilterError as error:
         raise PermanentError(f"refusing archive member: {error}", "UnsafePath") from None
-    except tarfile.TarError as error:
-        raise PermanentError(f"{os.path.basename(archive)}: not a readable archive ({error})", "BadArchive") from None
+    except (tarfile.TarError, zipfile.BadZipFile) as error:
+        raise PermanentError(f"{name}: not a readable archive ({error})", "BadArchive") from None
     except RecursionError:  # tarfile retries a link it cannot make through its target, and so on
-        raise PermanentError(f"{os.path.basename(archive)}: not a readable archive (links that lead in a circle)",
-                             "BadArchive") from None
+        raise PermanentError(f"{name}: not a readable archive (links that lead in a circle)", "BadArchive") from None
     except OSError as error:
         if error.errno not in _NOT_A_TREE:
             raise  # the disk's (full, read-only): the initializer sorts those
         where = os.path.relpath(error.filename, target) if isinstance(error.filename, str) else "?"
-        raise PermanentError(f"{os.path.basename(archive)}: its members do not make one tree ({where!r}: "
-                             f"{error.strerror})", "BadArchive") from None
+        raise PermanentError(f"{name}: its members do not make one tree ({where!r}: {error.strerror})",
+                             "BadArchive") from None
     except KeyError as error:  # tarfile's word for a hard link to a member the archive lacks
-        raise PermanentError(f"{os.path.basename(archive)}: not a readable archive (a hard link whose target "
-                             f"is not in it: {error.args[0] if error.args else error})", "BadArchive") from None
+        raise PermanentError(f"{name}: not a readable archive (a hard link whose target is not in it: "
+                             f"{error.args[0] if error.args else error})", "BadArchive") from None
+
+
+def _extract_zip(archive: str, target: str, check_name) -> None:
+    with zipfile.ZipFile(archive) as bundle:
+        for member in bundle.infolist():
+            if (member.external_attr >> 16) & 0o170000 == 0o120000:
+                raise PermanentError(f"refusing the symlink member {member.filename!r}", "UnsafePath")
+            check_name(member.filename, member.is_dir())
+        bundle.extractall(target)
+
+
+def _extract_tar(archive: str, target: str, check_name) -> None:
+    with tarfile.open(archive) as bundle:
+        members = bundle.getmembers()
+        for member in members:
+            check_name(member.name, member.isdir())
+        refuse_links_into_state(members)
+        bundle.extractall(target, filter=_data_outside_state(target))
 
 
 # A member that cannot be made where the members before it put something else: a file under a
