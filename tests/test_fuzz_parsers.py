@@ -96,6 +96,8 @@ PY_WORD = st.one_of(st.sampled_from(["-u", "-B", "-uB", "-m", "-c", "-W", "error
 
 
 @given(st.sampled_from(["python", "python3", "/usr/bin/python3.12", "bash"]), st.lists(PY_WORD, max_size=8))
+@example("python", ["--check-hash-based-pycs", "--", "error"])  # "--" as an option's value, not the end
+@example("python", ["--", "-u"])  # a script named -u
 def test_a_python_command_parsed_and_put_back_together_is_the_same_command(interpreter, words):
     command = python_argv.parse([interpreter, *words])
     if command is None:

@@ -146,6 +146,9 @@ def zip_bytes(members) -> bytes:
 @given(st.lists(MEMBER, min_size=1, max_size=5), st.sampled_from(["data.tar.gz", "data.zip"]))
 @example([("symlink", "state", STATE_DIR), ("file", "state/manifest.json", "")], "data.tar.gz")  # row 7
 @example([("symlink", "up", ".."), ("file", "up/escaped", "")], "data.tar.gz")
+@example([("symlink", "state", "b/a"), ("file", "state", "")], "data.tar.gz")  # a file through a dangling link
+@example([("file", "a", ""), ("symlink", "a/a", "a")], "data.tar.gz")  # tarfile's own recursion
+@example([("file", ".", "")], "data.zip")
 def test_any_archive_extracts_inside_the_data_or_is_refused_in_one_line(tmp_path_factory, members, name):
     root = tmp_path_factory.mktemp("archive")
     target, beside = root / "dataset", root / "beside"

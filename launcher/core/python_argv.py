@@ -41,10 +41,11 @@ def parse(argv: list[str] | tuple[str, ...]) -> PythonCommand | None:
     binary, ``python -V``, ``python -`` reading stdin, an option this table does not know)."""
     if not argv or not is_interpreter(argv[0]):
         return None
-    i = 1
+    i, terminator = 1, 0
     while i < len(argv):
         word = argv[i]
         if word == "--":
+            terminator = i
             i += 1
             break
         if word.startswith("--"):
@@ -78,4 +79,5 @@ def parse(argv: list[str] | tuple[str, ...]) -> PythonCommand | None:
         i += 1
     if i >= len(argv) or argv[i] == "-" or i > len(argv):
         return None
-    return PythonCommand(argv[0], tuple(w for w in argv[1:i] if w != "--"), "script", argv[i], tuple(argv[i + 1:]))
+    options = argv[1:terminator] if terminator else argv[1:i]  # without the "--" that ended them
+    return PythonCommand(argv[0], tuple(options), "script", argv[i], tuple(argv[i + 1:]))

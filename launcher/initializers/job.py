@@ -160,8 +160,8 @@ def _extract_tar(archive: str, target: str, check_name) -> None:
 
 
 # A member that cannot be made where the members before it put something else: a file under a
-# file, a file over a directory, a name too long.
-_NOT_A_TREE = frozenset((errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ELOOP, errno.ENAMETOOLONG))
+# file, a file over a directory, a file through a dangling link, a name too long.
+_NOT_A_TREE = frozenset((errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ELOOP, errno.ENAMETOOLONG, errno.ENOENT))
 
 
 def _name_checker(target: str):
