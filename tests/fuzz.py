@@ -5,7 +5,7 @@ Profiles (hypothesis's own mechanism, chosen by ``LAUNCHER_FUZZ``):
 - ``ci`` (the default): a bounded number of cases per property, so every fuzzer together stays
   within a few minutes of the README's test command;
 - ``long``: fifty times as many, for a night or a release:
-  ``LAUNCHER_FUZZ=long .venv/bin/python -m pytest -m fuzz --hypothesis-show-statistics``.
+  ``LAUNCHER_FUZZ=long .venv/bin/python -m pytest -m fuzz --timeout 0 --hypothesis-show-statistics``.
 
 No example database is written (a run finds its cases afresh; a failure prints the case to paste
 into an ``@example``), so a run leaves nothing in the checkout.

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import example, given, strategies as st
 
 from launcher.initializers.engine import STATE_DIR, Engine, PermanentError
+from launcher.initializers import job
 from launcher.initializers.job import extract
 from launcher.initializers.s3 import S3Source
 from launcher.initializers.uri import parse_storage_uri
@@ -149,7 +150,12 @@ def zip_bytes(members) -> bytes:
 @example([("symlink", "state", "b/a"), ("file", "state", "")], "data.tar.gz")  # a file through a dangling link
 @example([("file", "a", ""), ("symlink", "a/a", "a")], "data.tar.gz")  # tarfile's own recursion
 @example([("file", ".", "")], "data.zip")
-def test_any_archive_extracts_inside_the_data_or_is_refused_in_one_line(tmp_path_factory, members, name):
+@pytest.mark.parametrize("filters", [True, False], ids=["tarfile-filters", "no-filters"])
+def test_any_archive_extracts_inside_the_data_or_is_refused_in_one_line(tmp_path_factory, monkeypatch, filters,
+                                                                        members, name):
+    """Also as on a Python without tarfile's extraction filters (before 3.11.4: Debian bookworm's
+    3.11.2, which tests/test_images.py runs for real)."""
+    monkeypatch.setattr(job, "HAS_FILTERS", filters and job.HAS_FILTERS)
     root = tmp_path_factory.mktemp("archive")
     target, beside = root / "dataset", root / "beside"
     (target / STATE_DIR).mkdir(parents=True)

@@ -124,7 +124,7 @@ def extract(archive: str, target: str) -> None:
     name = os.path.basename(archive)
     try:
         (_extract_zip if archive.endswith(".zip") else _extract_tar)(archive, target, _name_checker(target))
-    except tarfile.FilterError as error:
+    except _FILTER_ERRORS as error:
         raise PermanentError(f"refusing archive member: {error}", "UnsafePath") from None
     except (tarfile.TarError, zipfile.BadZipFile) as error:
         raise PermanentError(f"{name}: not a readable archive ({error})", "BadArchive") from None
@@ -156,7 +156,12 @@ def _extract_tar(archive: str, target: str, check_name) -> None:
         for member in members:
             check_name(member.name, member.isdir())
         refuse_links_into_state(members)
-        bundle.extractall(target, filter=_data_outside_state(target))
+        check = _data_outside_state(target)
+        if HAS_FILTERS:
+            bundle.extractall(target, filter=check)
+        else:  # each member checked against the disk as the ones before it left it, as the filter does
+            for member in members:
+                bundle.extract(check(member, target), target)
 
 
 # A member that cannot be made where the members before it put something else: a file under a
@@ -231,9 +236,23 @@ def _through_links(pending: list[str], links: dict[str, str], follow_last: bool 
     return resolved
 
 
-class _ReachesState(tarfile.FilterError):
-    def __init__(self, name: str, why: str):
-        super().__init__(f"{name!r}: {why}")
+# tarfile's extraction filters came with Python 3.11.4 (and 3.12); Debian bookworm's 3.11.2 has
+# none, so there the launcher applies the part of the 'data' filter it relies on itself.
+HAS_FILTERS = hasattr(tarfile, "data_filter")
+_FILTER_ERRORS = (tarfile.FilterError,) if HAS_FILTERS else ()  # an except clause names it only where it exists
+
+
+def _basic_data_filter(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo:
+    """What the launcher needs of the 'data' filter where tarfile has none: no devices or pipes,
+    no absolute link targets, no setuid/setgid/sticky bits or group/other write (the rest, paths
+    and links leaving the target, is checked by _data_outside_state either way)."""
+    if member.ischr() or member.isblk() or member.isfifo():
+        raise PermanentError(f"refusing archive member: {member.name!r} is a special file", "UnsafePath")
+    if (member.issym() or member.islnk()) and member.linkname.startswith("/"):
+        raise PermanentError(f"refusing archive member: {member.name!r} links to the absolute path "
+                             f"{member.linkname!r}", "UnsafePath")
+    member.mode &= 0o755
+    return member
 
 
 def _data_outside_state(target: str):
@@ -243,7 +262,7 @@ def _data_outside_state(target: str):
     root = os.path.realpath(target)
 
     def check(member: tarfile.TarInfo, destination: str) -> tarfile.TarInfo:
-        member = tarfile.data_filter(member, destination)
+        member = (tarfile.data_filter if HAS_FILTERS else _basic_data_filter)(member, destination)
         reached = [os.path.join(destination, member.name)]
         if member.issym():
             reached.append(os.path.join(destination, os.path.dirname(member.name), member.linkname))
@@ -251,7 +270,7 @@ def _data_outside_state(target: str):
             reached.append(os.path.join(destination, member.linkname))
         for path in reached:
             if why := outside_the_data(root, os.path.realpath(path)):
-                raise _ReachesState(member.name, why)
+                raise PermanentError(f"refusing archive member: {member.name!r}: {why}", "UnsafePath")
         return member
 
     return check
