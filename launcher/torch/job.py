@@ -247,6 +247,11 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
     ``one_node``: every rank of the job is on this node."""
     returncode = agent.returncode if agent.returncode is not None else report.get("exitCode")
     if "stoppedBy" in report:
+        if "lost" in report["stoppedBy"] and report.get("succeeded"):
+            # Our ranks had all finished (torchrun sat in its exit barrier) when the store's node
+            # left: the end of a good run seen a moment early, not a lost peer. Had that node
+            # failed, its own pod says so.
+            return success()
         return _stopped(report["stoppedBy"], codes, node)
     failed_first = supervisor.first_failure is agent
     if supervisor.received_signal is not None and not failed_first:
