@@ -105,6 +105,9 @@ def test_a_python_command_parsed_and_put_back_together_is_the_same_command(inter
     # The runner goes between the options and the target: the parts must add up to the command.
     rebuilt = [command.interpreter, *command.options, *command.target_argv(), *command.args]
     assert python_argv.parse(rebuilt) == command
+    # and the runner, given what follows it, reads back the same program
+    assert python_argv.runner_target([*command.target_argv(), *command.args]) == \
+        (command.kind, command.target, list(command.args))
 
 
 # --- the storage URI -----------------------------------------------------------------------------

@@ -83,6 +83,8 @@ compat = load_sibling("compat.py", "_trainer_launcher_xgboost_compat")
 crash = load_sibling(os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
 # The supported ranges (launcher/core/versions.py), checked before the framework is imported.
 versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
+# The program's words as the launcher wrote them after this file (launcher/core/python_argv.py).
+python_argv = load_sibling(os.path.join(os.pardir, "core", "python_argv.py"), "_trainer_launcher_python_argv")
 
 
 def _say(message: str) -> None:
@@ -141,22 +143,10 @@ def parse_options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 
 def parse_target(argv: list[str]) -> tuple[str, str, list[str]]:
     """(kind, target, args): ``script``, ``module`` (-m) or ``code`` (-c)."""
-    script_only = argv[:1] == ["--"]  # as after python's own --: the next word is a script, even "-m"
-    if script_only:
-        argv = argv[1:]
-    if not argv:
-        _usage_error("nothing to run: python run.py [--] SCRIPT|-m MODULE|-c CODE [ARGS...]")
-    first = argv[0]
-    if script_only:
-        return "script", first, argv[1:]
-    for flag, kind in (("-m", "module"), ("-c", "code")):
-        if first == flag:
-            if len(argv) < 2:
-                _usage_error(f"{flag} needs a value")
-            return kind, argv[1], argv[2:]
-        if first.startswith(flag):
-            return kind, first[2:], argv[1:]
-    return "script", first, argv[1:]
+    try:
+        return python_argv.runner_target(argv)
+    except ValueError as usage:
+        _usage_error(str(usage))
 
 
 def _fix_sys_path(kind: str, target: str) -> None:
