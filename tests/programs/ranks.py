@@ -3,6 +3,8 @@
 BEHAVIOUR  ok (default) | exit:<code> | kill:<SIGNAL> | ignore-term | nccl-error | sleep | usr1
 FAIL_RANK  the global rank that misbehaves (others wait in a barrier or sleep)
 OTHERS     sleep (default): the other ranks sleep | finish: they end at once, without a barrier
+           (they destroy their process group first: a gloo rank that exits holding one may abort
+           in its threads' destructors, a SIGABRT the launcher would rightly report)
 REPORT_DIR each rank writes <rank>.json with what torchrun gave it and the all-reduce it saw;
            the misbehaving rank writes <rank>.died (epoch seconds) just before it exits or dies
 """
@@ -52,6 +54,7 @@ if report_dir:
 print(f"rank {rank} ready", flush=True)
 
 if rank != fail_rank and behaviour != "ok" and others_finish:
+    dist.destroy_process_group()
     sys.exit(0)
 if behaviour in ("sleep", "usr1") or (rank != fail_rank and behaviour != "ok"):
     time.sleep(300)
