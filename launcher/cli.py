@@ -1,9 +1,8 @@
 """Command line: parse, call, exit. No logic lives here.
 
-Each framework is a package with a ``command`` module (launcher/<name>/command.py) that says how
-its subcommand is called (NAME, HELP, USAGE, KNOBS, add_options, run) and what ``plan --framework``
-and ``local --framework`` do for it (plan, local, and add_shared_options for switches they take too);
-adding a framework is adding its name to FRAMEWORKS.
+The frameworks' subcommands, and what ``plan`` and ``local`` do for each, come from the framework
+registry (launcher/frameworks.py, which says what a framework's ``command`` module holds): this
+file names none of them.
 """
 
 from __future__ import annotations
@@ -15,10 +14,9 @@ from types import ModuleType
 
 from launcher import __version__
 from launcher.core.knobs import KNOBS, Knob, given
+from launcher.frameworks import DEFAULT, FRAMEWORKS
 from launcher.initializers.knobs import INIT_KNOBS
 from launcher.smoke.knobs import NODE_KNOBS
-
-FRAMEWORKS = ("torch", "mpi", "jax", "xgboost")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,7 +26,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def frameworks() -> dict[str, ModuleType]:
-    return {name: importlib.import_module(f"launcher.{name}.command") for name in FRAMEWORKS}
+    """Each framework's command module, by name, in the registry's order."""
+    return {framework.name: importlib.import_module(framework.command) for framework in FRAMEWORKS}
 
 
 def _add_table(parser: argparse.ArgumentParser, title: str, table: dict[str, Knob], prefix: str = "") -> None:
@@ -63,7 +62,7 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="print what would run, as JSON; no side effects",
                                usage=f"trainer-launcher plan [--framework {{{','.join(planned)}}}] [OPTIONS] "
                                      "[-- [FRAMEWORK FLAGS] [PROGRAM ...]]")
-    plan.add_argument("--framework", choices=planned, default="torch")
+    plan.add_argument("--framework", choices=planned, default=DEFAULT)
     _add_knobs(plan)
 
     run = commands.add_parser("exec", help="run any command with the same supervision and exit codes",
@@ -74,22 +73,22 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
     local = commands.add_parser("local", help="emulate an N-node TrainJob on this machine",
                                 usage="trainer-launcher local [--framework NAME] --nnodes N [--nproc-per-node P] "
                                       "[OPTIONS] [--] PROGRAM [ARGS...]")
-    local.add_argument("--framework", choices=emulated, default=None, help="the TrainJob's framework (default torch)")
+    local.add_argument("--framework", choices=emulated, default=None, help=f"the TrainJob's framework (default {DEFAULT})")
     local.add_argument("--nnodes", default="2", help="emulated nodes (default 2)")
     local.add_argument("--nproc-per-node", default="1", help="processes per node: a count, auto, cpu or gpu (default 1)")
     local.add_argument("--trainjob", default="local", help="the TrainJob name the pod names derive from (default local)")
     local.add_argument("--master-port", default=None, help="the master (coordinator, tracker) port (default: a free port)")
     local.add_argument("--isolation", choices=["auto", "namespaces", "none"], default="auto",
                        help="per-node hostname and /etc/hosts in namespaces (auto: when root)")
-    local.add_argument("--mpi", choices=["openmpi", "intel", "mpich"], default=None,
-                       help="emulate an MPI TrainJob with this MPI (workers with sshd, a launcher pod); needs root")
-    local.add_argument("--user", default="mpiuser", help="with --mpi: the unprivileged user sshd and mpirun run as")
+    for command in commands_by_name.values():  # a framework's own options of local, which pick it
+        if hasattr(command, "add_local_options"):
+            command.add_local_options(local)
     _add_knobs(local)
 
     for command in commands_by_name.values():  # plan and local take every framework's options
         _add_framework_knobs(plan, command)
         _add_framework_knobs(local, command)
-        if hasattr(command, "add_shared_options"):  # switches plan and local take too (torch's --tune)
+        if hasattr(command, "add_shared_options"):  # a framework's switches that plan and local take too
             command.add_shared_options(plan)
             command.add_shared_options(local)
 
@@ -116,18 +115,33 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
     return parser
 
 
-_SWITCHES = ("-h", "--help", "--version", "--worker", "--json", "--tune")
+def _switches(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The options of the parser and of every subcommand's that take no value (help, version,
+    ``store_true`` flags), read from the parser itself, so a new switch needs no list kept by
+    hand. argparse has no public way to list a parser's options: this reads its ``_actions``."""
+    found: set[str] = set()
+    for action in parser._actions:
+        if action.nargs == 0:
+            found.update(action.option_strings)
+        if isinstance(action.choices, dict):  # the subcommands' parsers, by name
+            for sub in action.choices.values():
+                if isinstance(sub, argparse.ArgumentParser):
+                    found |= _switches(sub)
+    return frozenset(found)
 
 
-def _split(argv: list[str]) -> tuple[list[str], list[str]]:
-    """The subcommand and its options, then what belongs to torchrun or the command: everything
-    after ``--``, or else from the first word that is neither an option nor an option's value."""
+def _split(argv: list[str], switches: frozenset[str] | None = None) -> tuple[list[str], list[str]]:
+    """The subcommand and its options, then what belongs to the framework's own launcher or the
+    command: everything after ``--``, or else from the first word that is neither an option nor
+    an option's value. ``switches``: the options that take no value (default: the parser's)."""
+    if switches is None:
+        switches = _switches(_parser(frameworks()))
     if "--" in argv:
         at = argv.index("--")
         return argv[:at], argv[at + 1:]
     i = 2 if argv[:1] == ["init"] else 1  # init takes its kind (dataset/model) as a word
     while i < len(argv) and argv[i].startswith("-"):
-        takes_value = argv[i] not in _SWITCHES and "=" not in argv[i]
+        takes_value = argv[i] not in switches and "=" not in argv[i]
         i += 2 if takes_value else 1
     return argv[:i], argv[i:]
 
@@ -158,16 +172,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    head, rest = _split(argv)
     commands = frameworks()
-    args = _parser(commands).parse_args(head)
+    parser = _parser(commands)
+    head, rest = _split(argv, _switches(parser))
+    args = parser.parse_args(head)
     overrides = given(args, KNOBS)
     if args.command in commands:
         return commands[args.command].run(args, overrides, rest)
     if args.command == "plan":
         return commands[args.framework].plan(args, overrides, rest)
     if args.command == "local":
-        framework = args.framework or ("mpi" if args.mpi else "torch")
+        claimed = [name for name, command in commands.items()
+                   if hasattr(command, "claims_local") and command.claims_local(args)]
+        framework = args.framework or (claimed[0] if claimed else DEFAULT)
         return commands[framework].local(args, overrides, rest)
     if args.command == "exec":
         from launcher.core.exec_job import run_exec
@@ -176,7 +193,7 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "smoke":
         from launcher.smoke.job import run_smoke
 
-        return run_smoke(overrides, given(args, NODE_KNOBS, "smoke_"), args.json)
+        return run_smoke(overrides, given(args, NODE_KNOBS, "smoke_"), args.json, commands[DEFAULT].pod_request)
     if args.command == "init":
         from launcher.initializers.job import run_init
 

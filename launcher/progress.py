@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 
 SOCKET_ENV = "LAUNCHER_PROGRESS_SOCKET"
-# Where a launcher-less program finds its global rank (torch, Open MPI, MPICH/Intel MPI, JAX).
+# Where a launcher-less program finds its global rank: the variable its framework's own launcher
+# sets (torchrun, each implementation's mpirun, the coordinator's environment), first found wins.
 _RANK_ENVS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JAX_PROCESS_ID")
 # Bounds on one datagram, well under the AF_UNIX datagram limit; the launcher bounds again.
 _MAX_METRICS = 256

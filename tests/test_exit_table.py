@@ -176,6 +176,8 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
     """An instance of each class, the exit code the table gives it and whether it is retryable."""
     from launcher.core.outcome import ConfigError, UnsupportedVersion, WaitTimeout
     from launcher.core.supervisor import SpawnError
+    from launcher.initializers.engine import CorruptDataError, PermanentError, TransientError
+    from launcher.initializers.lease import LeaseTimeout
 
     return [
         (LauncherError("an unclassified launcher failure"), CONFIG_ERROR, False),
@@ -185,6 +187,11 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
         (SpawnError("/nonexistent: command not found"), 127, False),
         (SpawnError("/etc/passwd: permission denied", 126), 126, False),
         (UnsupportedVersion("torch='2.3.1': expected torch >=2.4,<2.16"), CONFIG_ERROR, False),
+        # The initializers' storage errors: the same hierarchy, mapped by type.
+        (TransientError("connection reset"), TRANSIENT, True),
+        (CorruptDataError("the transport's checksum failed"), TRANSIENT, True),
+        (LeaseTimeout("another initializer held the lease for 600s"), TRANSIENT, True),
+        (PermanentError("no such bucket"), CONFIG_ERROR, False),
     ]
 
 
@@ -208,6 +215,9 @@ def test_every_launcher_error_class_is_in_this_table():
 @pytest.mark.parametrize("error, exit_code, retryable", launcher_errors(),
                          ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v))
 def test_a_launcher_error_delivers_its_exit_code_and_agrees_with_the_policy(tmp_path, error, exit_code, retryable):
+    from launcher.core.reasons import Reasons
+
+    assert Reasons.named(error.reason) is error.reason and error.exit_code == error.reason.code  # the table's row
     assert_agrees(error.outcome(), tmp_path, exit_code, retryable)
 
 
@@ -232,20 +242,24 @@ def raised(call) -> Exception:
 
 def _reasons_in_the_source() -> tuple[set[str], set[str]]:
     """The reasons ``PermanentError(...)`` is raised with in launcher/initializers, read from the
-    source: literal names, and the expressions of computed ones."""
-    literal, computed = set(), set()
+    source: named ones (``Reasons.NOT_FOUND``), and the expressions of computed ones."""
+    from launcher.core.reasons import Reasons
+
+    named, computed = set(), set()
     for path in (REPO / "launcher" / "initializers").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "PermanentError":
                 reason = node.args[1] if len(node.args) > 1 else next(
                     (k.value for k in node.keywords if k.arg == "reason"), None)
                 if reason is None:
-                    literal.add("StorageError")  # the default
+                    named.add(Reasons.STORAGE_ERROR)  # the default
+                elif isinstance(reason, ast.Attribute) and getattr(reason.value, "id", None) == "Reasons":
+                    named.add(getattr(Reasons, reason.attr))
                 elif isinstance(reason, ast.Constant):
-                    literal.add(reason.value)
+                    named.add(reason.value)
                 else:
                     computed.add(ast.unparse(reason))
-    return literal, computed
+    return named, computed
 
 
 def permanent_error_reasons() -> set[str]:

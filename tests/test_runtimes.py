@@ -21,6 +21,8 @@ from launcher.core import failure_policy
 from launcher.core.outcome import (
     DEFAULT_RETRYABLE_EXIT_CODES,
     ConfigError,
+    Outcome,
+    Reasons,
     WaitTimeout,
     classify,
     is_retryable,
@@ -313,6 +315,8 @@ def every_outcome():
     outcomes += [terminated(signum)
                  for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)]
     outcomes += [ConfigError("STORAGE_URI", "ftp://x", "an hf:// or s3:// URI").outcome(), WaitTimeout("no master").outcome()]
+    # Every reason of the table with a code of its own (the rules' codes are all above).
+    outcomes += [Outcome.of(reason, f"ended: {reason}") for reason in Reasons.all() if reason.code]
     return outcomes
 
 

@@ -1,4 +1,4 @@
-"""What this host can run: visible accelerators and the CPU quota, read from files, never from torch.
+"""What this host can run: visible accelerators and the CPU quota, read from files, never from a framework.
 
 Every function takes its roots (``/dev``, ``/proc``, ``/sys``) as arguments so tests can point them
 at a fake tree; :func:`probe_host` reads the real ones.
@@ -12,6 +12,8 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+
+from launcher.core.outcome import ConfigError
 
 _NVIDIA_DEVICE = re.compile(r"^nvidia\d+$")
 _NEURON_DEVICE = re.compile(r"^neuron(\d+)$")
@@ -269,3 +271,20 @@ def probe_host(host_env) -> HostFacts:
                                host_env.neuron_logical_nc_config)
         or gaudi_accelerators(host_env.habana_visible_devices),
     )
+
+
+def resolve_nproc(requested: str | int, host: HostFacts, source: str) -> tuple[int, str]:
+    """``auto``/``gpu``/``cpu`` -> a process count, and how it was found. ``auto`` is one process
+    per visible accelerator (NVIDIA, MIG, Neuron core, Gaudi), else per CPU of the cgroup quota
+    (torchrun's ``cpu`` and CPU ``auto`` count every host CPU, quota or not)."""
+    if isinstance(requested, int):
+        return requested, source if source.startswith(("PET_", "-")) else "default"
+    accelerators = host.accelerator
+    if requested == "auto" and accelerators is not None and accelerators.count:
+        return accelerators.count, f"{source}=auto: {accelerators.count} visible {accelerators.kind}s ({accelerators.how})"
+    if requested == "gpu" and host.gpu_count > 0:
+        return host.gpu_count, f"{source}={requested}: {host.gpu_count} visible GPUs"
+    if requested == "gpu":
+        raise ConfigError(source, requested, "at least one visible GPU (found no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them)")
+    how = f"CPU quota {host.cpus:g}" if host.cpu_quota is not None else f"{host.cpu_affinity} CPUs"
+    return host.whole_cpus, f"{source}={requested}: {how}"

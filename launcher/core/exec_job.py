@@ -6,7 +6,7 @@ import os
 import shutil
 import socket
 import tempfile
-from typing import Callable
+from typing import Callable, Protocol
 
 from launcher.core import settings, workspace
 from launcher.core.outcome import (
@@ -30,20 +30,34 @@ def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int
 RootCauseFinder = Callable[[Child, RootCause], RootCause]
 
 
+class JobWatch(Protocol):
+    """What supervision needs of whoever watches the job's progress (the status services, which
+    core does not import: the caller hands in how to start one)."""
+
+    hang: Outcome | None  # set when the watch ended the job as hung: that is its outcome
+
+    def rank_env(self) -> dict[str, str]:
+        """The variables the command needs to report to the watch."""
+
+    def done(self) -> None:
+        """The command is gone: stop watching it."""
+
+
+# Starts a watch on the supervisor for this node (its name), or says None: nothing to watch.
+StartWatch = Callable[[Supervisor, str], JobWatch | None]
+
+
 def supervise(
     launcher: LauncherSettings,
     command: list[str],
     env: dict[str, str] | None = None,
     find_root_cause: RootCauseFinder | None = None,
-    reports_status: bool | None = None,
-    board_at: tuple[int, str] | None = None,
+    watch: StartWatch | None = None,
 ) -> Outcome:
     """Run ``command`` under the supervisor and classify how it ended. ``find_root_cause`` may
     refine the root cause from the command's output (mpirun names the rank that failed).
-    ``reports_status``: watch the job's progress (launcher.status.monitor), and send the TrainJob's
-    status when True; None: a daemon (sshd), nothing to watch. The ranks may run in other pods
-    (mpirun's), so their status URL is left alone; ``board_at`` is where those ranks reach this
-    pod, to answer a hang with their stacks (launcher.status.board)."""
+    ``watch``: starts the watch of the job's progress and hangs, whose variables the command
+    gets; None: a daemon (sshd), nothing to watch."""
     host = settings.load(HostEnv)
     node = host.hostname or socket.gethostname()
     handoff_dir = tempfile.mkdtemp(prefix="trainer-launcher-exec-")
@@ -52,11 +66,8 @@ def supervise(
     try:
         with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
             env = {**(env or settings.environ()), settings.HANDOFF: handoff}
-            if reports_status is not None:
-                from launcher.status.monitor import start as start_monitor
-
-                monitor = start_monitor(launcher, supervisor, node=node, sends=reports_status, relays=False,
-                                        board_at=board_at)
+            if watch is not None:
+                monitor = watch(supervisor, node)
                 if monitor is not None:
                     # Its variables first in order (MPICH's mpiexec may drop the last one), and
                     # theirs in value.

@@ -1,7 +1,8 @@
-"""Kubernetes failure policies derived from the exit-code table in :mod:`launcher.core.outcome`.
+"""Kubernetes failure policies derived from the table of reasons in :mod:`launcher.core.reasons`:
+from its retryable set, the one that :func:`~launcher.core.reasons.is_retryable` decides with.
 
 The runtimes under ``runtimes/`` carry these policies as hand-written, commented YAML; a test
-proves the YAML equals what this module derives, so ``outcome.py`` stays the one table.
+proves the YAML equals what this module derives, so ``reasons.py`` stays the one table.
 
 How a failed launcher travels through Kubernetes::
 
@@ -11,7 +12,7 @@ How a failed launcher travels through Kubernetes::
     pod disrupted (preempted)   Ignore: pod replaced   -                       -
 
 A retryable failure fails the Job once its ``backoffLimit`` is spent: at once for trainers and
-MPI pods (0: one lost rank of a static rendezvous needs the whole group restarted, which is
+mpirun's pods (0: one lost rank of a static rendezvous needs the whole group restarted, which is
 what a JobSet restart does), after a few pod retries for initializers (their downloads resume
 where they stopped, and nothing else runs while they do). ``maxRestarts`` bounds the JobSet
 restarts; every restart re-runs every Job, initializers included (they find their files done).
@@ -21,7 +22,7 @@ Pure: dicts in the shapes of the Kubernetes and JobSet APIs, no I/O.
 
 from __future__ import annotations
 
-from launcher.core.outcome import DEFAULT_RETRYABLE_EXIT_CODES, SUCCESS
+from launcher.core.reasons import DEFAULT_RETRYABLE_EXIT_CODES, SUCCESS
 
 # podFailurePolicy works only with pods that are never restarted in place.
 RESTART_POLICY = "Never"

@@ -9,13 +9,12 @@ retryable flag) agree across pods. A node's ranks that died only because a peer 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from launcher.core.outcome import PEER_LOSS_PATTERN, Outcome
+from launcher.core.outcome import PEER_LOSS_PATTERN, Outcome, Reasons, stopped_by
 
 # Outcomes that never make a node the root cause: it stopped because of another, or was told to.
-PEER_FAILED = "PeerFailed"
-SECONDARY_REASONS = (PEER_FAILED, "Terminated")
+SECONDARY_REASONS = (Reasons.PEER_FAILED, Reasons.TERMINATED)
 
 
 @dataclass(frozen=True)
@@ -34,15 +33,6 @@ def root_cause(nodes: list[NodeOutcome]) -> NodeOutcome | None:
         return None
     return min(failed, key=lambda n: (bool(PEER_LOSS_PATTERN.search(n.outcome.evidence or "")),
                                       math.inf if n.failed_at is None else n.failed_at, n.node_rank))
-
-
-def stopped_by(root: Outcome, node: str) -> Outcome:
-    """What a node that stopped because of ``root`` says: the root's exit code, cause and
-    evidence, so every pod of the job reports the same failure; ``causeReason`` keeps the root's
-    own reason (the TrainJob's status shows that one)."""
-    cause = root.extra.get("causeReason", root.reason) if root.reason == PEER_FAILED else root.reason
-    return replace(root, reason=PEER_FAILED, message=f"{root.message}; {node} stopped its ranks because of it",
-                   extra={**root.extra, "causeReason": cause})
 
 
 def job_outcome(own: Outcome, node_rank: int, node: str, nodes: list[NodeOutcome]) -> Outcome:

@@ -1,6 +1,6 @@
 """The launcher's own knobs: one table for the LAUNCHER_* variables and their CLI flags.
 
-Kept free of pydantic so the CLI can parse its flags (and start the torch agent) before the
+Kept free of pydantic so the CLI can parse its flags (and start a framework's agent) before the
 validation machinery is imported; launcher.core.settings validates the values.
 """
 
@@ -45,7 +45,7 @@ KNOBS: dict[str, Knob] = {
         "default 0: one process per visible accelerator"),
     "allow_untested_versions": Knob(
         "LAUNCHER_ALLOW_UNTESTED_VERSIONS", "--allow-untested-versions",
-        "1: run a torch, JAX, XGBoost, mpi4py or Python outside the supported range (one warning); "
+        "1: run a framework's library or a Python outside the supported range (one warning); "
         "default 0: refuse it at start (exit 2)"),
     "hang_timeout": Knob(
         "LAUNCHER_HANG_TIMEOUT", "--hang-timeout",

@@ -1,9 +1,11 @@
-"""The one exit-code table.
+"""The one file that builds outcomes, from the one table of reasons (:mod:`launcher.core.reasons`).
 
 Everything that ends a launcher run (a rank's exit, a signal the launcher received, a wait
-that timed out, bad configuration) becomes an :class:`Outcome` here and nowhere else.
-Classification decides only the exit code. Whether that code is retryable is decided by one
-function, :func:`is_retryable`, from the code and the retryable set, and only when the outcome is
+that timed out, bad configuration) becomes an :class:`Outcome` here and nowhere else: through
+:meth:`Outcome.of` (a reason from the table and a message; the reason gives the exit code) or the
+factories below (:func:`classify`, :func:`terminated`, ...), which call it. Classification decides
+only the reason and the exit code. Whether that code is retryable is decided by one function,
+:func:`is_retryable`, from the code and the retryable set, and only when the outcome is
 delivered; the runtimes' failure policies (:mod:`launcher.core.failure_policy`) are derived from the
 same set. So the exit code, ``retryable`` in the termination message and the policy cannot
 disagree.
@@ -16,22 +18,12 @@ import re
 import signal
 from dataclasses import dataclass, field, replace
 
-# INTERNAL_ERROR (70, sysexits' EX_SOFTWARE): a failure of the launcher itself, a bug in it, its
-# torch agent or its runners (told apart by launcher.core.crash), never the code of the user's
-# program. Permanent under the default set, on purpose: a launcher bug is deterministic for one
-# image and environment, and a retry restarts the whole JobSet only to meet it again. The reason
-# (LauncherError) and the code tell it apart from the program failing; whoever prefers a retry
-# adds 70 to LAUNCHER_RETRYABLE_EXIT_CODES, and the runtimes' policy follows from the same set.
-from launcher.core.crash import INTERNAL_ERROR, REASON as INTERNAL_REASON, crash_site, describe
-
-SUCCESS = 0
-CONFIG_ERROR = 2
-COMMAND_NOT_FOUND = 127
-# The launcher's own transient failures and ranks that show a node/network fault. Trainer v1
-# reserved 138 (128 + SIGUSR1) for user-defined retryable errors; we use it the same way.
-TRANSIENT = 138
-
-DEFAULT_RETRYABLE_EXIT_CODES: frozenset[int] = frozenset({130, 137, 138, 143})
+from launcher.core.crash import crash_site, describe
+# The codes, the retryable set and its one decision live with the table; importable from here too.
+from launcher.core.reasons import (  # noqa: F401
+    COMMAND_NOT_FOUND, CONFIG_ERROR, DEFAULT_RETRYABLE_EXIT_CODES, INTERNAL_ERROR, NOT_EXECUTABLE, SUCCESS,
+    TRANSIENT, Reason, Reasons, is_retryable,
+)
 # Killed by these, a rank crashed on its own (permanent under the default set), unless its output
 # shows a hardware fault.
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGILL, signal.SIGFPE, signal.SIGBUS})
@@ -58,12 +50,6 @@ PEER_LOSS_PATTERN = re.compile(
 )
 
 
-def is_retryable(exit_code: int, retryable_codes: frozenset[int]) -> bool:
-    """The one decision: Kubernetes sees only the exit code, and the runtimes' podFailurePolicy
-    fails the Job at once for every code outside ``{0} | retryable_codes``."""
-    return exit_code != SUCCESS and exit_code in retryable_codes
-
-
 def evidence_regex(extra: str | None = None) -> re.Pattern[str]:
     """The compiled node-fault evidence, with the user's extra pattern OR-ed in."""
     patterns = list(NODE_FAULT_PATTERNS)
@@ -73,13 +59,19 @@ def evidence_regex(extra: str | None = None) -> re.Pattern[str]:
 
 
 class LauncherError(Exception):
-    """A failure of the launcher itself, already classified: its exit code and reason."""
+    """A failure the launcher itself met, already classified: its reason, which gives its exit
+    code. Every error the launcher raises for a known cause is one (the initializers' storage
+    errors included), so turning it into an outcome goes by its type, never by guessing."""
 
-    exit_code = CONFIG_ERROR
-    reason = "ConfigError"
+    reason: Reason = Reasons.CONFIG_ERROR
 
-    def outcome(self) -> Outcome:
-        return Outcome(exit_code=self.exit_code, reason=self.reason, message=str(self))
+    @property
+    def exit_code(self) -> int:
+        return self.reason.exit_code()
+
+    def outcome(self, message: str | None = None) -> Outcome:
+        """Its outcome; ``message``: said instead of the error's own text (with more context)."""
+        return Outcome.of(self.reason, str(self) if message is None else message)
 
 
 class ConfigError(LauncherError):
@@ -98,14 +90,13 @@ class UnsupportedVersion(LauncherError):
     """A framework (or Python) outside the supported range (launcher.core.versions), refused at
     start rather than left to fail mid-job."""
 
-    reason = "UnsupportedVersion"
+    reason = Reasons.UNSUPPORTED_VERSION
 
 
 class WaitTimeout(LauncherError):
     """A name or port the job needs never came up before the deadline."""
 
-    exit_code = TRANSIENT
-    reason = "RendezvousTimeout"
+    reason = Reasons.RENDEZVOUS_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -139,15 +130,23 @@ class RootCause:
 @dataclass(frozen=True)
 class Outcome:
     """How a run ended. It holds no retryable flag: that follows from ``exit_code`` and the
-    retryable set at delivery (:func:`is_retryable`)."""
+    retryable set at delivery (:func:`is_retryable`). Made with :meth:`of`, never directly."""
 
     exit_code: int
-    reason: str
+    reason: str  # a Reason of the table; read back from another launcher, perhaps one it lacks
     message: str
     root_cause: RootCause | None = None
     evidence: str | None = None
     extra: dict = field(default_factory=dict)
     said: bool = field(default=False, compare=False)  # a nested launcher already logged it
+
+    @classmethod
+    def of(cls, reason: Reason, message: str, root_cause: RootCause | None = None, evidence: str | None = None,
+           extra: dict | None = None, *, exit_code: int | None = None) -> Outcome:
+        """The one way an outcome is made: the reason gives the exit code, or, where its rule
+        does (the program's code, 128+signal, the root cause's), checks nothing and takes
+        ``exit_code``."""
+        return cls(reason.exit_code(exit_code), reason, message, root_cause, evidence, dict(extra or {}))
 
     def to_json(self, retryable_codes: frozenset[int]) -> dict:
         data: dict = {
@@ -169,9 +168,10 @@ class Outcome:
         dropped: the reader decides it again from the exit code and its own retryable set."""
         known = {"retryable", "exitCode", "reason", "message", "rootCause", "evidence"}
         root = data.get("rootCause")
+        reason = str(data["reason"])
         return cls(
-            exit_code=int(data["exitCode"]),
-            reason=str(data["reason"]),
+            exit_code=int(data["exitCode"]),  # as it was given: the pod that made it applied the table
+            reason=Reasons.named(reason) or reason,
             message=str(data.get("message", "")),
             root_cause=RootCause.from_json(root) if isinstance(root, dict) else None,
             evidence=data.get("evidence"),
@@ -226,7 +226,7 @@ def classify(
     root_cause: RootCause | None = None,
     what: str = "the command",
 ) -> Outcome:
-    """The table itself: a failed process's return code (negative: killed by that signal).
+    """The rows for a process's return code (negative: killed by that signal).
 
     | what happened                            | exit code  | reason        | retryable (default set) |
     | exited 0                                 | 0          | Succeeded     | -                       |
@@ -245,20 +245,17 @@ def classify(
     sig = -returncode if returncode < 0 else None
     how = f"was killed by {signal_name(sig)}" if sig else f"exited with code {code}"
     if code == SUCCESS:
-        return Outcome(SUCCESS, "Succeeded", f"{what} succeeded", root_cause)
+        return Outcome.of(Reasons.SUCCEEDED, f"{what} succeeded", root_cause)
     if evidence:
-        return Outcome(
-            TRANSIENT,
-            "NodeFault",
-            f"{what} {how}; its output shows a node or network fault",
-            root_cause,
-            evidence,
-        )
+        return Outcome.of(Reasons.NODE_FAULT, f"{what} {how}; its output shows a node or network fault",
+                          root_cause, evidence)
     if sig in CRASH_SIGNALS:
-        return Outcome(code, "Crashed", f"{what} {how}", root_cause)
-    if code in retryable_codes:
-        return Outcome(code, "Killed" if sig else "RetryableExit", f"{what} {how}", root_cause)
-    return Outcome(code, "Signaled" if sig else "Failed", f"{what} {how}", root_cause)
+        reason = Reasons.CRASHED
+    elif code in retryable_codes:
+        reason = Reasons.KILLED if sig else Reasons.RETRYABLE_EXIT
+    else:
+        reason = Reasons.SIGNALED if sig else Reasons.FAILED
+    return Outcome.of(reason, f"{what} {how}", root_cause, exit_code=code)
 
 
 def internal_error(error: BaseException | str, where: str | None = None, node: str | None = None) -> Outcome:
@@ -271,15 +268,26 @@ def internal_error(error: BaseException | str, where: str | None = None, node: s
         error = describe(error)
     on = f" on {node}" if node else ""
     at = f" at {where}" if where else ""
-    return Outcome(INTERNAL_ERROR, INTERNAL_REASON,
-                   f"trainer-launcher {__version__} failed{on} (a bug in the launcher, not your program): "
-                   f"{_shorten(str(error), 500)}{at}", RootCause(node=node) if node else None)
+    return Outcome.of(Reasons.LAUNCHER_ERROR,
+                      f"trainer-launcher {__version__} failed{on} (a bug in the launcher, not your program): "
+                      f"{_shorten(str(error), 500)}{at}", RootCause(node=node) if node else None)
 
 
 def terminated(signum: int) -> Outcome:
     """The launcher was asked to stop (pod deletion, Ctrl-C) and tore the job down: 128+signal."""
-    return Outcome(128 + signum, "Terminated", f"the launcher received {signal_name(signum)} and stopped the job")
+    return Outcome.of(Reasons.TERMINATED, f"the launcher received {signal_name(signum)} and stopped the job",
+                      exit_code=128 + signum)
 
 
 def success() -> Outcome:
-    return Outcome(SUCCESS, "Succeeded", "the job succeeded")
+    return Outcome.of(Reasons.SUCCEEDED, "the job succeeded")
+
+
+def stopped_by(root: Outcome, node: str) -> Outcome:
+    """What a node that stopped because of ``root`` says: the root's exit code, cause and
+    evidence, so every pod of the job reports the same failure; ``causeReason`` keeps the root's
+    own reason (the TrainJob's status shows that one)."""
+    cause = root.extra.get("causeReason", root.reason) if root.reason == Reasons.PEER_FAILED else root.reason
+    # Everything of the root's (its code too: PeerFailed's rule) but the reason, the message, causeReason.
+    return replace(root, reason=Reasons.PEER_FAILED, message=f"{root.message}; {node} stopped its ranks because of it",
+                   extra={**root.extra, "causeReason": cause})

@@ -1,7 +1,7 @@
 """Where a ``python ...`` command line keeps its interpreter options, its program and the program's
 arguments, as CPython's own option parser reads them. Pure.
 
-The launcher runs a Python program through a framework's runner (JAX, XGBoost) by putting the runner between the two:
+The launcher runs a Python program through a framework's runner by putting the runner between the two:
 ``python -u train.py --lr 3`` becomes ``python -u <run.py> train.py --lr 3``.
 """
 

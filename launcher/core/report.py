@@ -49,9 +49,25 @@ def print_plan(launcher_overrides: dict, build: Callable[[LauncherSettings], dic
     return 0
 
 
-# Called with every outcome delivered, redacted, before the termination message is written: the
-# status reporter (launcher.status.monitor) sends it to the TrainJob as its final status.
-delivery_hooks: list[Callable[[Outcome, frozenset[int]], None]] = []
+# Told every outcome delivered, redacted, with the retryable set, before the termination message
+# is written: a job's status reporter sends it as the TrainJob's final status. The layers above
+# install theirs through observe_delivery; core knows only this signature.
+DeliveryObserver = Callable[[Outcome, frozenset[int]], None]
+_observers: list[DeliveryObserver] = []
+
+
+def observe_delivery(observer: DeliveryObserver) -> None:
+    """Tell ``observer`` each outcome delivered from now on, until :func:`forget_delivery`."""
+    _observers.append(observer)
+
+
+def forget_delivery(observer: DeliveryObserver) -> bool:
+    """Stop telling ``observer``; False when it was not (or no longer) told."""
+    try:
+        _observers.remove(observer)
+    except ValueError:
+        return False
+    return True
 
 
 def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: frozenset[int] | None) -> int:
@@ -76,8 +92,8 @@ def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: froz
                   exitCode=outcome.exit_code, reason=outcome.reason, retryable=retryable)
         if outcome.evidence:
             log.error(f"evidence: {outcome.evidence}")
-    for hook in delivery_hooks:
-        hook(outcome, codes)
+    for observer in tuple(_observers):  # one may forget itself as it is told
+        observer(outcome, codes)
     write_termination_log(outcome, termination_log, codes)
     _hand_off(outcome, codes)
     return outcome.exit_code

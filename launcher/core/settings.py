@@ -286,7 +286,7 @@ def _field_for(model: type[Settings], loc: Any) -> str:
 
 
 # Set by `trainer-launcher exec` for its command: a launcher nested in it (the SDK's `bash -lc`
-# whose torchrun shim runs `trainer-launcher torch`) writes its outcome there.
+# whose torchrun shim runs the launcher again) writes its outcome there.
 HANDOFF = "TRAINER_LAUNCHER_HANDOFF"
 
 

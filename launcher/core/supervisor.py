@@ -22,13 +22,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from launcher.core.outcome import COMMAND_NOT_FOUND, LauncherError
+from launcher.core.outcome import COMMAND_NOT_FOUND, LauncherError, Reasons
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
-TAIL_LINES = 50  # enough for an MPI's abort banner
+TAIL_LINES = 50  # enough for mpirun's abort banner
 LINE_LIMIT = 64 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -43,8 +43,7 @@ class SpawnError(LauncherError):
 
     def __init__(self, message: str, exit_code: int = COMMAND_NOT_FOUND):
         super().__init__(message)
-        self.exit_code = exit_code
-        self.reason = "CommandNotFound" if exit_code == COMMAND_NOT_FOUND else "NotExecutable"
+        self.reason = Reasons.COMMAND_NOT_FOUND if exit_code == COMMAND_NOT_FOUND else Reasons.NOT_EXECUTABLE
 
 
 def set_child_subreaper() -> bool:
@@ -132,7 +131,7 @@ class Supervisor:
         self._saved: dict[int, object] = {}
         self._psutil = None
         self._saved_wakeup = -1
-        # Watchers of the job (launcher.status.monitor): each output line, and each turn of the loop.
+        # Watchers of the job (its monitor): each output line, and each turn of the loop.
         self.line_observers: list[Callable[[Child, str], None]] = []
         self.tickers: list[Callable[[], None]] = []
 

@@ -40,7 +40,7 @@ class Supported:
 
 # The matrix (tests/test_matrix_*.py) runs every version in `tested`; pyproject.toml's extras carry
 # the same floors and ceilings. DeepSpeed and transformers are never imported by the launcher and
-# not gated: their rows say what the suite runs (DeepSpeed over MPI in tests/test_mpi_frameworks.py,
+# not gated: their rows say what the suite runs (DeepSpeed under mpirun in tests/test_mpi_frameworks.py,
 # transformers' KubeflowCallback in tests/test_progress_sources.py).
 SUPPORTED: dict[str, Supported] = {s.package: s for s in (
     Supported("python", "3.11", "3.14", ("3.11", "3.13")),

@@ -15,7 +15,7 @@ from launcher.core import log, settings
 
 WORKSPACE = "/workspace"
 # Set once the line is said, so a launcher nested in the same container (the SDK's `bash -lc`
-# under `exec`, then the torchrun shim's `torch`) does not say it again.
+# under `exec`, then the torchrun shim's launcher) does not say it again.
 _SAID = "TRAINER_LAUNCHER_WORKSPACE_CHECKED"
 
 

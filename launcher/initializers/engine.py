@@ -45,21 +45,27 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol
 
+from launcher.core.outcome import LauncherError, Reason, Reasons
+
 STATE_DIR = ".trainer-launcher"
 
 
-class TransientError(Exception):
+# Storage errors are launcher errors: each names its reason, which gives its exit code (138 for
+# what may heal on another try, 2 for what no retry fixes), so init maps them by type.
+class TransientError(LauncherError):
     """Worth retrying: connection errors, timeouts, 429, 5xx, a checksum mismatch."""
+
+    reason = Reasons.STORAGE_UNAVAILABLE
 
 
 class CorruptDataError(TransientError):
     """The transport itself saw bad bytes (a checksum of its own failed): discard the partial file."""
 
 
-class PermanentError(Exception):
+class PermanentError(LauncherError):
     """Not worth retrying: 401/403/404, hostile paths, a file that stays wrong."""
 
-    def __init__(self, message: str, reason: str = "StorageError"):
+    def __init__(self, message: str, reason: Reason = Reasons.STORAGE_ERROR):
         super().__init__(message)
         self.reason = reason
 
@@ -67,22 +73,22 @@ class PermanentError(Exception):
 # Local file-system errors that a retry of the same pod spec meets again: the volume's
 # permissions, a read-only or full volume (quota included), a path that cannot be a directory.
 # Every other errno (EIO, ESTALE, ETIMEDOUT, ENOMEM, EMFILE, ...) may heal on another try.
-PERMANENT_ERRNOS: dict[int, str] = {
-    errno.EACCES: "PermissionDenied",
-    errno.EPERM: "PermissionDenied",
-    errno.EROFS: "ReadOnlyFileSystem",
-    errno.ENOSPC: "NoSpace",
-    errno.EDQUOT: "NoSpace",
-    errno.EFBIG: "NoSpace",
-    errno.ENOTDIR: "BadPath",
-    errno.EISDIR: "BadPath",
-    errno.EEXIST: "BadPath",
-    errno.ENAMETOOLONG: "BadPath",
-    errno.ELOOP: "BadPath",
+PERMANENT_ERRNOS: dict[int, Reason] = {
+    errno.EACCES: Reasons.PERMISSION_DENIED,
+    errno.EPERM: Reasons.PERMISSION_DENIED,
+    errno.EROFS: Reasons.READ_ONLY_FILE_SYSTEM,
+    errno.ENOSPC: Reasons.NO_SPACE,
+    errno.EDQUOT: Reasons.NO_SPACE,
+    errno.EFBIG: Reasons.NO_SPACE,
+    errno.ENOTDIR: Reasons.BAD_PATH,
+    errno.EISDIR: Reasons.BAD_PATH,
+    errno.EEXIST: Reasons.BAD_PATH,
+    errno.ENAMETOOLONG: Reasons.BAD_PATH,
+    errno.ELOOP: Reasons.BAD_PATH,
 }
 
 
-def permanent_os_error(error: OSError) -> str | None:
+def permanent_os_error(error: OSError) -> Reason | None:
     """The reason an OSError will not heal on retry, or None when it may."""
     return PERMANENT_ERRNOS.get(error.errno)
 
@@ -91,9 +97,9 @@ def local_source_error(path: str, error: OSError) -> Exception:
     """A source file on this machine that could not be read: gone is NotFound, what no retry
     fixes is permanent, the rest transient."""
     if isinstance(error, FileNotFoundError):
-        return PermanentError(f"{path} disappeared", "NotFound")
+        return PermanentError(f"{path} disappeared", Reasons.NOT_FOUND)
     if error.errno == errno.ELOOP:
-        return PermanentError(f"{path} became a symbolic link after it was listed", "UnsafePath")
+        return PermanentError(f"{path} became a symbolic link after it was listed", Reasons.UNSAFE_PATH)
     if reason := permanent_os_error(error):
         return PermanentError(f"{path}: {error.strerror}", reason)
     return TransientError(f"{path}: {error.strerror}")
@@ -144,10 +150,10 @@ def safe_destination(target: str, relative: str, _checked: dict[str, str] | None
     directory (also through a link already in the target). ``_checked`` remembers directories
     already resolved (realpath costs a syscall per path component)."""
     if not relative or relative.startswith("/") or "\\" in relative or "\x00" in relative:
-        raise PermanentError(f"refusing the unsafe path {relative!r}", "UnsafePath")
+        raise PermanentError(f"refusing the unsafe path {relative!r}", Reasons.UNSAFE_PATH)
     parts = relative.split("/")
     if any(p in ("", ".", "..") for p in parts) or parts[0] == STATE_DIR:
-        raise PermanentError(f"refusing the unsafe path {relative!r}", "UnsafePath")
+        raise PermanentError(f"refusing the unsafe path {relative!r}", Reasons.UNSAFE_PATH)
     destination = os.path.join(target, *parts)
     directory = os.path.dirname(destination)
     if _checked is not None and directory in _checked:
@@ -156,7 +162,7 @@ def safe_destination(target: str, relative: str, _checked: dict[str, str] | None
     if root is None:
         root = os.path.realpath(target)
     if why := outside_the_data(root, os.path.realpath(directory)):
-        raise PermanentError(f"refusing {relative!r}: {why}", "UnsafePath")
+        raise PermanentError(f"refusing {relative!r}: {why}", Reasons.UNSAFE_PATH)
     if _checked is not None:
         _checked[""] = root
         _checked[directory] = root
@@ -185,7 +191,7 @@ def refuse_clashes(files: list[RemoteFile]) -> None:
     for file in files:
         if (first := by_path.setdefault(file.path, file)) is not file:
             raise PermanentError(f"the listing has {_named(first)} and {_named(file)}, which both land on "
-                                 f"{file.path!r}", "PathClash")
+                                 f"{file.path!r}", Reasons.PATH_CLASH)
     directories: set[str] = set()
     for file in files:
         directory = file.path
@@ -196,7 +202,7 @@ def refuse_clashes(files: list[RemoteFile]) -> None:
             directories.add(directory)
             if (blocking := by_path.get(directory)) is not None:
                 raise PermanentError(f"the listing has {_named(blocking)}, which lands on {directory!r}, and "
-                                     f"{_named(file)}, which needs {directory!r} as a directory", "PathClash")
+                                     f"{_named(file)}, which needs {directory!r} as a directory", Reasons.PATH_CLASH)
 
 
 def _named(file: RemoteFile) -> str:

@@ -17,9 +17,11 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urljoin, urlsplit
 from urllib.request import Request, getproxies, proxy_bypass, urlopen
 
+from launcher.core.outcome import Reasons
 from launcher.initializers.engine import PermanentError, TransientError
 
-_PERMANENT = {400: "BadRequest", 401: "AuthFailed", 403: "AuthFailed", 404: "NotFound", 410: "NotFound"}
+_PERMANENT = {400: Reasons.BAD_REQUEST, 401: Reasons.AUTH_FAILED, 403: Reasons.AUTH_FAILED, 404: Reasons.NOT_FOUND,
+              410: Reasons.NOT_FOUND}
 _REDIRECTS = {301, 302, 303, 307, 308}
 _MAX_REDIRECTS = 5
 _TIMEOUT = 60.0
@@ -78,7 +80,7 @@ def _connect(origin: tuple[str, str, int]) -> http.client.HTTPConnection:
             context = _local.tls = ssl.create_default_context()
         return http.client.HTTPSConnection(host, port, timeout=_TIMEOUT, context=context)
     if scheme != "http":
-        raise PermanentError(f"unsupported URL scheme {scheme!r}", "BadRequest")
+        raise PermanentError(f"unsupported URL scheme {scheme!r}", Reasons.BAD_REQUEST)
     return http.client.HTTPConnection(host, port, timeout=_TIMEOUT)
 
 

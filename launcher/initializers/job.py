@@ -15,7 +15,7 @@ from launcher.initializers.engine import (
 )
 from launcher.initializers import lease
 from launcher.initializers.uri import StorageUri, parse_storage_uri
-from launcher.core.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome, terminated
+from launcher.core.outcome import ConfigError, LauncherError, Outcome, Reasons, terminated
 from launcher.core.report import deliver, run_command
 from launcher.core.settings import LauncherSettings, Override
 from launcher.initializers.settings import InitSettings
@@ -35,7 +35,8 @@ def run_init(kind: str, launcher_overrides: dict[str, Override], init_overrides:
         target = os.path.abspath(init.output_path or TARGETS[kind])
         workspace.warn_if_unwritable(target)
         signal.signal(signal.SIGTERM, lambda *_: _stop(signal.SIGTERM, launcher))
-        return _initialize(kind, uri, target, init, lambda why: _end(Outcome(TRANSIENT, "LeaseLost", why), launcher))
+        return _initialize(kind, uri, target, init,
+                           lambda why: _end(Outcome.of(Reasons.LEASE_LOST, why), launcher))
 
     return run_command(launcher_overrides, body)
 
@@ -74,7 +75,7 @@ def _initialize(kind: str, uri: StorageUri, target: str, init: InitSettings, on_
             summary = _download(kind, uri, target, init, ignore)
     except (PermanentError, TransientError, OSError) as error:
         return failure_outcome(error, uri, target)
-    return Outcome(0, "Succeeded", _said(summary, uri, target), extra={"uri": uri.shown})
+    return Outcome.of(Reasons.SUCCEEDED, _said(summary, uri, target), extra={"uri": uri.shown})
 
 
 def _download(kind: str, uri: StorageUri, target: str, init: InitSettings, ignore) -> Summary:
@@ -92,19 +93,15 @@ def _download(kind: str, uri: StorageUri, target: str, init: InitSettings, ignor
 
 
 def failure_outcome(error: PermanentError | TransientError | OSError, uri: StorageUri, target: str) -> Outcome:
-    """The row of the exit-code table for a failed initialization: what no retry fixes (a
+    """The row of the table of reasons for a failed initialization: what no retry fixes (a
     permanent storage error, a target the pod may not write or that is full) exits 2, the rest
     138. Retryable follows from the code, at delivery."""
     extra = {"uri": uri.shown}
-    if isinstance(error, PermanentError):
-        return Outcome(CONFIG_ERROR, error.reason, f"{uri.shown}: {error}", extra=extra)
-    if isinstance(error, TransientError):  # LeaseTimeout names its own reason
-        return Outcome(TRANSIENT, getattr(error, "reason", "StorageUnavailable"), f"{uri.shown}: {error}", extra=extra)
+    if isinstance(error, LauncherError):  # a storage error names its reason (initializers.engine)
+        return error.outcome(f"{uri.shown}: {error}").with_extra(**extra)
     where = error.filename if isinstance(error.filename, str) else target
     said = f"{where}: {error.strerror or error}"
-    if reason := permanent_os_error(error):
-        return Outcome(CONFIG_ERROR, reason, said, extra=extra)
-    return Outcome(TRANSIENT, "LocalIOError", said, extra=extra)
+    return Outcome.of(permanent_os_error(error) or Reasons.LOCAL_IO_ERROR, said, extra=extra)
 
 
 def _said(summary: Summary, uri: StorageUri, target: str) -> str:
@@ -125,27 +122,28 @@ def extract(archive: str, target: str) -> None:
     try:
         (_extract_zip if archive.endswith(".zip") else _extract_tar)(archive, target, _name_checker(target))
     except _FILTER_ERRORS as error:
-        raise PermanentError(f"refusing archive member: {error}", "UnsafePath") from None
+        raise PermanentError(f"refusing archive member: {error}", Reasons.UNSAFE_PATH) from None
     except (tarfile.TarError, zipfile.BadZipFile) as error:
-        raise PermanentError(f"{name}: not a readable archive ({error})", "BadArchive") from None
+        raise PermanentError(f"{name}: not a readable archive ({error})", Reasons.BAD_ARCHIVE) from None
     except RecursionError:  # tarfile retries a link it cannot make through its target, and so on
-        raise PermanentError(f"{name}: not a readable archive (links that lead in a circle)", "BadArchive") from None
+        raise PermanentError(f"{name}: not a readable archive (links that lead in a circle)",
+                             Reasons.BAD_ARCHIVE) from None
     except OSError as error:
         if error.errno not in _NOT_A_TREE:
             raise  # the disk's (full, read-only): the initializer sorts those
         where = os.path.relpath(error.filename, target) if isinstance(error.filename, str) else "?"
         raise PermanentError(f"{name}: its members do not make one tree ({where!r}: {error.strerror})",
-                             "BadArchive") from None
+                             Reasons.BAD_ARCHIVE) from None
     except KeyError as error:  # tarfile's word for a hard link to a member the archive lacks
         raise PermanentError(f"{name}: not a readable archive (a hard link whose target is not in it: "
-                             f"{error.args[0] if error.args else error})", "BadArchive") from None
+                             f"{error.args[0] if error.args else error})", Reasons.BAD_ARCHIVE) from None
 
 
 def _extract_zip(archive: str, target: str, check_name) -> None:
     with zipfile.ZipFile(archive) as bundle:
         for member in bundle.infolist():
             if (member.external_attr >> 16) & 0o170000 == 0o120000:
-                raise PermanentError(f"refusing the symlink member {member.filename!r}", "UnsafePath")
+                raise PermanentError(f"refusing the symlink member {member.filename!r}", Reasons.UNSAFE_PATH)
             check_name(member.filename, member.is_dir())
         bundle.extractall(target)
 
@@ -178,11 +176,12 @@ def _name_checker(target: str):
     def check(name: str, directory: bool = True) -> None:
         relative = (name[2:] if name.startswith("./") else name).rstrip("/")
         if not directory and relative in ("", "."):  # a file or link named "/" or ".": the target itself
-            raise PermanentError(f"refusing the archive member {name!r}: it names the target directory", "UnsafePath")
+            raise PermanentError(f"refusing the archive member {name!r}: it names the target directory",
+                                 Reasons.UNSAFE_PATH)
         if relative and relative != ".":
             destination = safe_destination(target, relative, checked)
             if why := outside_the_data(root, os.path.realpath(destination)):
-                raise PermanentError(f"refusing the archive member {name!r}: {why}", "UnsafePath")
+                raise PermanentError(f"refusing the archive member {name!r}: {why}", Reasons.UNSAFE_PATH)
 
     return check
 
@@ -203,7 +202,7 @@ def refuse_links_into_state(members: list[tarfile.TarInfo]) -> None:
             reached.append(_through_links(_parts(member.linkname), links))
         if any(parts and parts[0] == STATE_DIR for parts in reached):
             raise PermanentError(f"refusing the archive member {member.name!r}: through the archive's links it "
-                                 f"reaches the initializer's own {STATE_DIR} directory", "UnsafePath")
+                                 f"reaches the initializer's own {STATE_DIR} directory", Reasons.UNSAFE_PATH)
 
 
 def _parts(path: str) -> list[str]:
@@ -247,10 +246,10 @@ def _basic_data_filter(member: tarfile.TarInfo, destination: str) -> tarfile.Tar
     no absolute link targets, no setuid/setgid/sticky bits or group/other write (the rest, paths
     and links leaving the target, is checked by _data_outside_state either way)."""
     if member.ischr() or member.isblk() or member.isfifo():
-        raise PermanentError(f"refusing archive member: {member.name!r} is a special file", "UnsafePath")
+        raise PermanentError(f"refusing archive member: {member.name!r} is a special file", Reasons.UNSAFE_PATH)
     if (member.issym() or member.islnk()) and member.linkname.startswith("/"):
         raise PermanentError(f"refusing archive member: {member.name!r} links to the absolute path "
-                             f"{member.linkname!r}", "UnsafePath")
+                             f"{member.linkname!r}", Reasons.UNSAFE_PATH)
     member.mode &= 0o755
     return member
 
@@ -270,7 +269,7 @@ def _data_outside_state(target: str):
             reached.append(os.path.join(destination, member.linkname))
         for path in reached:
             if why := outside_the_data(root, os.path.realpath(path)):
-                raise PermanentError(f"refusing archive member: {member.name!r}: {why}", "UnsafePath")
+                raise PermanentError(f"refusing archive member: {member.name!r}: {why}", Reasons.UNSAFE_PATH)
         return member
 
     return check

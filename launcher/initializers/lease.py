@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
+from launcher.core.outcome import Reasons
 from launcher.initializers.engine import TransientError, own_state_directory
 from launcher.initializers.knobs import INIT_KNOBS
 
@@ -44,7 +45,7 @@ LOG_EVERY = 5.0
 class LeaseTimeout(TransientError):
     """Another initializer held the target's lease, and kept renewing it, for the whole wait."""
 
-    reason = "LeaseTimeout"
+    reason = Reasons.LEASE_TIMEOUT
 
 
 # --- pure: what the file says, and a waiter's judgement of it ----------------------------------

@@ -7,35 +7,38 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
+from launcher.core.outcome import Reason, Reasons
 from launcher.initializers.engine import CorruptDataError, PermanentError, RemoteFile, TransientError
 
-# S3 error codes that no retry fixes, and the reason each becomes (any other 4xx but 429 is a
-# permanent StorageError; 429, 5xx and codes without a status are transient).
-S3_PERMANENT_CODES: dict[str, str] = {
-    **dict.fromkeys(("NoSuchBucket", "NoSuchKey", "404", "NotFound"), "NotFound"),
+# S3 error codes (S3's own words: "NotFound" among them) that no retry fixes, and the reason each
+# becomes (any other 4xx but 429 is a permanent StorageError; 429, 5xx and codes without a status
+# are transient).
+S3_PERMANENT_CODES: dict[str, Reason] = {
+    **dict.fromkeys(("NoSuchBucket", "NoSuchKey", "404", "NotFound"), Reasons.NOT_FOUND),
     **dict.fromkeys(("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "401",
-                     "ExpiredToken", "InvalidToken"), "AuthFailed"),
+                     "ExpiredToken", "InvalidToken"), Reasons.AUTH_FAILED),
 }
 # botocore's own errors (raised before any request) that mean the configuration is wrong: a retry
 # finds the same environment. The rest (EndpointConnectionError, timeouts, ...) are transient.
-BOTOCORE_PERMANENT: dict[str, str] = {
-    "NoCredentialsError": "NoCredentials",
-    "PartialCredentialsError": "NoCredentials",
-    "ProfileNotFound": "NoCredentials",
-    "InvalidConfigError": "ConfigError",
-    "NoRegionError": "ConfigError",
-    "InvalidRegionError": "ConfigError",
-    "ParamValidationError": "ConfigError",
+BOTOCORE_PERMANENT: dict[str, Reason] = {
+    "NoCredentialsError": Reasons.NO_CREDENTIALS,
+    "PartialCredentialsError": Reasons.NO_CREDENTIALS,
+    "ProfileNotFound": Reasons.NO_CREDENTIALS,
+    "InvalidConfigError": Reasons.CONFIG_ERROR,
+    "NoRegionError": Reasons.CONFIG_ERROR,
+    "InvalidRegionError": Reasons.CONFIG_ERROR,
+    "ParamValidationError": Reasons.CONFIG_ERROR,
 }
 # obstore's errors (the body path) that no retry fixes, by class, then by HTTP status.
-OBSTORE_PERMANENT: dict[str, str] = {
-    "FileNotFoundError": "NotFound",  # obstore's NotFoundError
-    "NotFoundError": "NotFound",
-    "PermissionDeniedError": "AuthFailed",
-    "UnauthenticatedError": "AuthFailed",
-    "UnknownConfigurationKeyError": "ConfigError",
+OBSTORE_PERMANENT: dict[str, Reason] = {
+    "FileNotFoundError": Reasons.NOT_FOUND,  # obstore's NotFoundError
+    "NotFoundError": Reasons.NOT_FOUND,
+    "PermissionDeniedError": Reasons.AUTH_FAILED,
+    "UnauthenticatedError": Reasons.AUTH_FAILED,
+    "UnknownConfigurationKeyError": Reasons.CONFIG_ERROR,
 }
-OBSTORE_PERMANENT_STATUS: dict[int, str] = {401: "AuthFailed", 403: "AuthFailed", 404: "NotFound"}
+OBSTORE_PERMANENT_STATUS: dict[int, Reason] = {401: Reasons.AUTH_FAILED, 403: Reasons.AUTH_FAILED,
+                                               404: Reasons.NOT_FOUND}
 _NO_CREDENTIALS = "no credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY (or ROLE_ARN)"
 
 
@@ -84,9 +87,9 @@ class S3Source:
             if code in S3_PERMANENT_CODES:
                 raise PermanentError(f"{what}: {code}", S3_PERMANENT_CODES[code]) from None
             if status in (401, 403):
-                raise PermanentError(f"{what}: {code}", "AuthFailed") from None
+                raise PermanentError(f"{what}: {code}", Reasons.AUTH_FAILED) from None
             if status and status < 500 and status != 429:
-                raise PermanentError(f"{what}: {code or status}", "StorageError") from None
+                raise PermanentError(f"{what}: {code or status}", Reasons.STORAGE_ERROR) from None
             raise TransientError(f"{what}: {code or status}") from None
         except BotoCoreError as error:
             name = type(error).__name__
@@ -120,7 +123,7 @@ class S3Source:
                 checksum = self._multipart_checksum(key, etag)
             files.append(RemoteFile(relative, obj["Size"], checksum, etag, key))
         if not files:
-            raise PermanentError(f"no objects under s3://{self.bucket}/{self.prefix}", "NotFound")
+            raise PermanentError(f"no objects under s3://{self.bucket}/{self.prefix}", Reasons.NOT_FOUND)
         return files
 
     def _multipart_checksum(self, key: str, etag: str) -> tuple[str, str] | None:
@@ -208,7 +211,8 @@ class S3Source:
                 with open(self._ca_bundle) as handle:
                     options["root_certificate"] = handle.read()
             except OSError as error:
-                raise PermanentError(f"AWS_CA_BUNDLE={self._ca_bundle}: {error.strerror}", "ConfigError") from None
+                raise PermanentError(f"AWS_CA_BUNDLE={self._ca_bundle}: {error.strerror}",
+                                     Reasons.CONFIG_ERROR) from None
         return options
 
 
@@ -237,5 +241,5 @@ def _obstore_error(error: Exception, what: str) -> Exception:
     if reason := OBSTORE_PERMANENT.get(name) or OBSTORE_PERMANENT_STATUS.get(code):
         return PermanentError(f"{what}: {name}{f' (HTTP {code})' if code else ''}", reason)
     if code and code < 500 and code != 429:
-        return PermanentError(f"{what}: HTTP {code}", "StorageError")
+        return PermanentError(f"{what}: HTTP {code}", Reasons.STORAGE_ERROR)
     return TransientError(f"{what}: {name}{f' (HTTP {code})' if code else ''}")

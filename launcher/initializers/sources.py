@@ -7,6 +7,7 @@ import stat
 from typing import Callable, Iterator
 from urllib.parse import quote
 
+from launcher.core.outcome import Reasons
 from launcher.initializers.engine import PermanentError, RemoteFile, TransientError, local_source_error
 from launcher.initializers.http import get_range, open_url
 from launcher.initializers.uri import StorageUri
@@ -33,7 +34,7 @@ class FileSource:
         if os.path.isfile(self.root):
             return [self._file(os.path.realpath(self.root), os.path.basename(self.root), os.stat(self.root))]
         if not os.path.isdir(self.root):
-            raise PermanentError(f"{self.root} does not exist", "NotFound")
+            raise PermanentError(f"{self.root} does not exist", Reasons.NOT_FOUND)
         real_root = os.path.realpath(self.root)
         found = []
         for directory, subdirectories, names in os.walk(self.root):
@@ -135,15 +136,15 @@ class HubSource:
         try:
             return function()
         except GatedRepoError:
-            raise PermanentError(f"{what}: gated repository (set ACCESS_TOKEN)", "AuthFailed") from None
+            raise PermanentError(f"{what}: gated repository (set ACCESS_TOKEN)", Reasons.AUTH_FAILED) from None
         except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as error:
-            raise PermanentError(f"{what}: {type(error).__name__}", "NotFound") from None
+            raise PermanentError(f"{what}: {type(error).__name__}", Reasons.NOT_FOUND) from None
         except HfHubHTTPError as error:
             status = getattr(error.response, "status_code", 0) or 0
             if status in (401, 403):
-                raise PermanentError(f"{what}: HTTP {status}", "AuthFailed") from None
+                raise PermanentError(f"{what}: HTTP {status}", Reasons.AUTH_FAILED) from None
             if 400 <= status < 500 and status != 429:
-                raise PermanentError(f"{what}: HTTP {status}", "StorageError") from None
+                raise PermanentError(f"{what}: HTTP {status}", Reasons.STORAGE_ERROR) from None
             raise TransientError(f"{what}: HTTP {status}") from None
         except (OSError, ConnectionError, TimeoutError) as error:
             raise TransientError(f"{what}: {type(error).__name__}") from None
@@ -169,7 +170,8 @@ class HubSource:
             relative = entry.path[len(base):] if entry.path.startswith(base) else entry.path
             files.append(RemoteFile(relative, entry.size, checksum, self.commit, entry.path))
         if not files:
-            raise PermanentError(f"{what}: no files{' under ' + self.subfolder if self.subfolder else ''}", "NotFound")
+            raise PermanentError(f"{what}: no files{' under ' + self.subfolder if self.subfolder else ''}",
+                                 Reasons.NOT_FOUND)
         return files
 
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:

@@ -209,14 +209,14 @@ def _wait(plan: JaxPlan, launcher: LauncherSettings, supervisor: Supervisor) -> 
 
 def _coordinator_never_came(plan: JaxPlan, launcher: LauncherSettings, error: WaitTimeout) -> Outcome:
     """138, naming the coordinator (process 0's pod) this process waited for."""
-    from launcher.core.outcome import TRANSIENT, Outcome, RootCause
+    from launcher.core.outcome import Outcome, Reasons, RootCause
 
     host = plan.coordinator[0] if plan.coordinator else None
     pod = host.split(".")[0] if host and not host[:1].isdigit() and not host.startswith("[") else host
-    return Outcome(TRANSIENT, "RendezvousTimeout",
-                   f"JAX process {plan.process_id} on {plan.node} waited {launcher.rendezvous_timeout:g}s for the "
-                   f"coordinator {plan.coordinator_address} (JAX process 0): {error}",
-                   RootCause(node=pod, rank=0))
+    return Outcome.of(Reasons.RENDEZVOUS_TIMEOUT,
+                      f"JAX process {plan.process_id} on {plan.node} waited {launcher.rendezvous_timeout:g}s for the "
+                      f"coordinator {plan.coordinator_address} (JAX process 0): {error}",
+                      RootCause(node=pod, rank=0))
 
 
 def _read_report(path: str) -> dict:
@@ -232,7 +232,7 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
     """How this pod's JAX process ended, as a row of the exit-code table that names the process."""
     from launcher.core.job_outcome import stopped_by
     from launcher.core.outcome import (
-        CONFIG_ERROR, TRANSIENT, Outcome, RootCause, classify, internal_error, signal_name, success, terminated,
+        Outcome, Reasons, RootCause, classify, internal_error, signal_name, success, terminated,
     )
 
     node, pid = plan.node, plan.process_id
@@ -257,28 +257,29 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
     if role == "launcher":  # the runner's own bug, not the program's failure (launcher/core/crash.py)
         return internal_error(str(report.get("error")), report.get("where"), node).with_extra(**tail)
     if role == "init":
-        return Outcome(TRANSIENT, "RendezvousFailed",
-                       f"{what} could not join the coordinator at {plan.coordinator_address}: {report.get('error')}",
-                       cause, child.evidence, tail)
+        return Outcome.of(Reasons.RENDEZVOUS_FAILED,
+                          f"{what} could not join the coordinator at {plan.coordinator_address}: {report.get('error')}",
+                          cause, child.evidence, tail)
     if role == "version":  # the runner refused the interpreter's jax before importing it (core/versions.py)
-        return Outcome(CONFIG_ERROR, "UnsupportedVersion", f"{what}: {report.get('error')}", RootCause(node=node, rank=pid))
+        return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {report.get('error')}", RootCause(node=node, rank=pid))
     if role == "import":
-        return Outcome(CONFIG_ERROR, "ConfigError", f"{plan.argv[0]} cannot import jax: {report.get('error')}",
-                       RootCause(node=node, rank=pid))
+        return Outcome.of(Reasons.CONFIG_ERROR, f"{plan.argv[0]} cannot import jax: {report.get('error')}",
+                          RootCause(node=node, rank=pid))
     if role == "lost":
-        return Outcome(TRANSIENT, "PeerLost", f"{what} lost a peer that never said why: {report.get('error')}",
-                       cause, report.get("error"), tail)
+        return Outcome.of(Reasons.PEER_LOST, f"{what} lost a peer that never said why: {report.get('error')}",
+                          cause, report.get("error"), tail)
     text = "\n".join(child.tail)
     if role is None and _DUPLICATE_ID.search(text):
-        return Outcome(CONFIG_ERROR, "DuplicateProcessId",
-                       f"{what} was aborted by JAX: another process registered as JAX process {pid} too, so two pods "
-                       f"share JAX_PROCESS_ID={pid}. Trainer sets it to the Job completion index, which restarts at 0 "
-                       "in every Job of a replicatedJob with replicas > 1 (multi-slice; kubeflow/trainer#3537)",
-                       cause)
+        return Outcome.of(Reasons.DUPLICATE_PROCESS_ID,
+                          f"{what} was aborted by JAX: another process registered as JAX process {pid} too, so two "
+                          f"pods share JAX_PROCESS_ID={pid}. Trainer sets it to the Job completion index, which "
+                          "restarts at 0 in every Job of a replicatedJob with replicas > 1 (multi-slice; "
+                          "kubeflow/trainer#3537)",
+                          cause)
     if role is None and _SERVICE_FATAL.search(text):
-        return Outcome(TRANSIENT, "PeerLost",
-                       f"{what} was aborted by JAX: its coordination service reported another process's failure "
-                       "or loss (that process's pod names the root cause)", cause, child.evidence, tail)
+        return Outcome.of(Reasons.PEER_LOST,
+                          f"{what} was aborted by JAX: its coordination service reported another process's failure "
+                          "or loss (that process's pod names the root cause)", cause, child.evidence, tail)
     outcome = classify(returncode, retryable_codes=codes, evidence=child.evidence, root_cause=cause, what=what)
     if report.get("error"):
         tail = {**tail, "error": report["error"]}

@@ -21,7 +21,7 @@ from typing import Callable
 
 from launcher.core import log, settings
 from launcher.core.job_outcome import NodeOutcome, root_cause
-from launcher.core.outcome import ConfigError, Outcome, classify, evidence_regex, success, terminated
+from launcher.core.outcome import ConfigError, Outcome, Reasons, classify, evidence_regex, success, terminated
 from launcher.core.settings import LauncherSettings, Override, parse_host
 from launcher.core.supervisor import Child, Supervisor
 
@@ -29,7 +29,7 @@ MAX_PODS = 64
 _RANK_LINE = re.compile(r"^\[rank-(\d+)\]:\s?")
 # Bind-mount the private hosts file, name the pod, then become the pod's launcher.
 _ENTER_NODE = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
-# Every emulated pod (torch, MPI and the rest) enters its namespaces so; isolation_problem() probes exactly this.
+# Every emulated pod, whatever its framework, enters its namespaces so; isolation_problem() probes exactly this.
 UNSHARE_NODE = ("unshare", "--mount", "--uts", "--propagation", "private", "--")
 
 
@@ -72,8 +72,9 @@ def node_prefix(index: int) -> Callable[[str], str]:
 
 
 def free_port(span: int = 1) -> int:
-    """A port P such that P .. P+span-1 are all free now (XGBoost's stop board sits at the
-    tracker's port + 1: a free P alone leaves P+1 to chance on a busy host)."""
+    """A port P such that P .. P+span-1 are all free now (a framework may listen beside its
+    master port, as a stop board at the tracker's port + 1: a free P alone leaves P+1 to chance on
+    a busy host)."""
     while True:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -179,7 +180,7 @@ def local_outcome(supervisor: Supervisor, nodes: list[Child], workdir: str, code
     if supervisor.received_signal is not None:
         return terminated(supervisor.received_signal)
     # Every failed pod stopped because of another that never said why: the first to go.
-    failed = sorted((n for n in said if n.outcome.reason != "Terminated"), key=lambda n: n.failed_at)
+    failed = sorted((n for n in said if n.outcome.reason != Reasons.TERMINATED), key=lambda n: n.failed_at)
     return failed[0].outcome if failed else success()
 
 

@@ -18,6 +18,18 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker", action="store_true", help="run the worker role: sshd on the ssh port with the mounted keys")
 
 
+def add_local_options(parser: argparse.ArgumentParser) -> None:
+    """``local``'s options for an MPI TrainJob; ``--mpi`` alone picks this framework."""
+    parser.add_argument("--mpi", choices=["openmpi", "intel", "mpich"], default=None,
+                        help="emulate an MPI TrainJob with this MPI (workers with sshd, a launcher pod); needs root")
+    parser.add_argument("--user", default="mpiuser", help="with --mpi: the unprivileged user sshd and mpirun run as")
+
+
+def claims_local(args: argparse.Namespace) -> bool:
+    """``local --mpi IMPL`` without ``--framework`` emulates an MPI TrainJob."""
+    return bool(args.mpi)
+
+
 def run(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
     from launcher.mpi import job
 

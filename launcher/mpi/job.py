@@ -21,8 +21,7 @@ from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, known_hosts_te
 from launcher.mpi.rank import REPORT_ENV
 from launcher.mpi.reports import RankFailure, RankReports, facing_address
 from launcher.core.outcome import (
-    CONFIG_ERROR, PEER_LOSS_PATTERN, ConfigError, LauncherError, Outcome, RootCause, classify, evidence_regex,
-    terminated,
+    PEER_LOSS_PATTERN, ConfigError, LauncherError, Outcome, Reasons, RootCause, classify, evidence_regex, terminated,
 )
 from launcher.core.report import run_command
 from launcher.core.settings import HostEnv, LauncherSettings, Override
@@ -159,22 +158,28 @@ def _run_judged(plan: MpiPlan, launcher: LauncherSettings, judged: Callable[...,
     # Where the ranks in the workers' pods reach this one (the failure reports, the hang's stacks).
     facing = facing_address(plan.wait_hosts, plan.ssh_port)
     board_at = facing if plan.wait_hosts else None
+
+    def watch(supervisor: Supervisor, node: str):
+        """The job's progress, status (this pod sends it) and hangs. The ranks may run in the
+        workers' pods, which cannot reach a relay here: their status URL is left alone, and a
+        hang's stacks come from them over the board at ``board_at``."""
+        from launcher.status.monitor import start
+
+        return start(launcher, supervisor, node=node, sends=True, relays=False, board_at=board_at)
+
     if not plan.rank_reports:
-        return supervise(launcher, list(plan.argv), env, judged,
-                         reports_status=True, board_at=board_at)
+        return supervise(launcher, list(plan.argv), env, judged, watch)
     try:
         reports = RankReports(*facing)
     except OSError as error:
         log.warning(f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
                     "the failing rank is named from mpirun's output only")
-        return supervise(launcher, list(plan.argv), {REPORT_ENV: "", **env},
-                         judged, reports_status=True, board_at=board_at)
+        return supervise(launcher, list(plan.argv), {REPORT_ENV: "", **env}, judged, watch)
     with reports:
         # First, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment on the
         # way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end it.
         outcome = supervise(launcher, list(plan.argv), {**reports.env, **env},
-                            lambda child, cause: judged(child, cause, reports.received),
-                            reports_status=True, board_at=board_at)
+                            lambda child, cause: judged(child, cause, reports.received), watch)
         received = reports.received
     return with_reported_error(outcome, received, launcher)
 
@@ -195,10 +200,10 @@ def host_key_refused(host: str | None) -> Outcome:
     or the name reached another host); a restart meets the same key, so the runtimes' policy
     fails the job at once rather than retrying into it."""
     who = host or "a worker (ssh did not say which)"
-    return Outcome(CONFIG_ERROR, "HostKeyMismatch",
-                   f"ssh refused {who}: its host key does not match the mounted Secret's key, which the worker "
-                   f"role's sshd serves (a worker whose own sshd has host keys of its own needs "
-                   f"LAUNCHER_SSH_HOST_KEY_CHECKING=off)", RootCause(node=host) if host else None)
+    return Outcome.of(Reasons.HOST_KEY_MISMATCH,
+                      f"ssh refused {who}: its host key does not match the mounted Secret's key, which the worker "
+                      f"role's sshd serves (a worker whose own sshd has host keys of its own needs "
+                      f"LAUNCHER_SSH_HOST_KEY_CHECKING=off)", RootCause(node=host) if host else None)
 
 
 def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher: LauncherSettings) -> Outcome:
@@ -210,7 +215,7 @@ def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher:
     if not received or outcome.root_cause is None or outcome.root_cause.rank != received[0].rank:
         return outcome
     first = received[0]
-    if (outcome.reason == "NodeFault" and first.exit_code and PEER_LOSS_PATTERN.search(outcome.evidence or "")
+    if (outcome.reason == Reasons.NODE_FAULT and first.exit_code and PEER_LOSS_PATTERN.search(outcome.evidence or "")
             and not evidence_regex(launcher.retryable_pattern).search(first.error or "")):
         cause = outcome.root_cause
         outcome = classify(first.exit_code, retryable_codes=launcher.retryable_exit_codes, root_cause=cause,

@@ -12,29 +12,38 @@ import json
 import socket
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from launcher.core import settings
-from launcher.core.devices import probe_host
-from launcher.core.outcome import CONFIG_ERROR, TRANSIENT, ConfigError, Outcome
+from launcher.core.devices import probe_host, resolve_nproc
+from launcher.core.outcome import ConfigError, Outcome, Reasons
 from launcher.core.report import run_command
 from launcher.core.settings import HostEnv, Override
 from launcher.smoke.result import FAIL, PASS, SKIP, WARN, Check, Threshold, at_least, sum_check
 from launcher.smoke.settings import SmokeSettings
 from launcher.smoke.thresholds import plain
-from launcher.torch.settings import TorchSettings
 
 MESSAGE_CHECKS = 6  # failed checks named in the one-line message; all of them are in the result
 _SOURCE_WIDTH = 60
 
 
-def pod_checks(smoke: SmokeSettings, torch_settings: TorchSettings, host, gpus: int, probe,
+@dataclass(frozen=True)
+class PodRequest:
+    """What the controller asked of this pod, as the default framework's variables say it (the
+    framework reads them: the preflight is given this, and knows no framework)."""
+
+    nproc: str | int  # processes per node: a count, or auto, cpu, gpu
+    nproc_source: str  # the variable or flag that gave it, or "default"
+    master_addr: str | None
+    master_addr_env: str  # the variable that names the master, said when it is unset
+
+
+def pod_checks(smoke: SmokeSettings, request: PodRequest, host, gpus: int, probe,
                overrides: dict[str, Override] | None = None) -> list[Check]:
     """What the pod asks for against what it has."""
-    from launcher.torch.plan import resolve_nproc
-
     try:
-        source = settings.source_of(TorchSettings, "nproc_per_node") or "default"
-        nproc, how = resolve_nproc(torch_settings.nproc_per_node, host, source)
+        nproc, how = resolve_nproc(request.nproc, host, request.nproc_source)
     except ConfigError as error:
         return [Check("nproc", FAIL, kind="config", detail=str(error))]
     checks = []
@@ -48,7 +57,7 @@ def pod_checks(smoke: SmokeSettings, torch_settings: TorchSettings, host, gpus: 
     checks.append(at_least("free space on /workspace", probe.disk_gb("/workspace"),
                            plain(smoke, "min_free_gb", overrides), "GB", "config", on_low=WARN,
                            unreadable="/workspace is not mounted"))
-    address = torch_settings.master_addr
+    address = request.master_addr
     if address:
         try:
             socket.getaddrinfo(address, None)
@@ -56,7 +65,7 @@ def pod_checks(smoke: SmokeSettings, torch_settings: TorchSettings, host, gpus: 
         except (socket.gaierror, UnicodeError) as error:
             checks.append(Check("master address resolves", FAIL, detail=f"{address}: {error}"))
     else:
-        checks.append(Check("master address resolves", SKIP, detail="PET_MASTER_ADDR is unset"))
+        checks.append(Check("master address resolves", SKIP, detail=f"{request.master_addr_env} is unset"))
     return checks
 
 
@@ -121,7 +130,7 @@ def gpu_checks(level, floors: dict[str, Threshold], gpus: int, probe) -> list[Ch
     return checks
 
 
-def run_checks(smoke: SmokeSettings, torch_settings: TorchSettings, host,
+def run_checks(smoke: SmokeSettings, request: PodRequest, host,
                overrides: dict[str, Override] | None = None) -> tuple[list[Check], dict]:
     """Every check of this node, and what it found out about the node (its GPU model row, its
     GPUs, the driver)."""
@@ -131,8 +140,8 @@ def run_checks(smoke: SmokeSettings, torch_settings: TorchSettings, host,
 
     level = probe.LEVELS[smoke.level]
     gpus = probe.gpu_count()
-    checks = pod_checks(smoke, torch_settings, host, gpus, probe, overrides)
-    # The driver's view, whatever torch sees: a node's health does not depend on the image's torch.
+    checks = pod_checks(smoke, request, host, gpus, probe, overrides)
+    # The driver's view, whatever the image's libraries see: a node's health does not depend on them.
     inventory = nvidia.read()
     sku = node_sku(inventory.gpus)
     about = {"level": smoke.level, "gpus": gpus, "sku": sku.name, "driver": inventory.driver_version}
@@ -149,13 +158,14 @@ def outcome_of(checks: list[Check]) -> Outcome:
     failed = [c for c in checks if c.status == FAIL]
     if not failed:
         warned = [c.name for c in checks if c.status == WARN]
-        return Outcome(0, "Succeeded", "preflight passed" + (f" with warnings: {', '.join(warned)}" if warned else ""))
+        return Outcome.of(Reasons.SUCCEEDED,
+                          "preflight passed" + (f" with warnings: {', '.join(warned)}" if warned else ""))
     named = "; ".join(c.summary() for c in failed[:MESSAGE_CHECKS])
     if len(failed) > MESSAGE_CHECKS:
         named += f"; and {len(failed) - MESSAGE_CHECKS} more"
     if any(c.kind == "config" for c in failed):
-        return Outcome(CONFIG_ERROR, "Misconfigured", f"preflight failed: {named}")
-    return Outcome(TRANSIENT, "NodeFault", f"preflight failed: {named}")
+        return Outcome.of(Reasons.MISCONFIGURED, f"preflight failed: {named}")
+    return Outcome.of(Reasons.NODE_FAULT, f"preflight failed: {named}")
 
 
 def table(checks: list[Check]) -> str:
@@ -176,16 +186,18 @@ def table(checks: list[Check]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def run_smoke(launcher_overrides: dict[str, Override], smoke_overrides: dict[str, Override], as_json: bool) -> int:
-    return run_command(launcher_overrides, lambda launcher: _smoke(smoke_overrides, as_json))
+def run_smoke(launcher_overrides: dict[str, Override], smoke_overrides: dict[str, Override], as_json: bool,
+              pod_request: Callable[[], PodRequest]) -> int:
+    """``pod_request``: reads (and validates) what the controller asked of this pod."""
+    return run_command(launcher_overrides, lambda launcher: _smoke(smoke_overrides, as_json, pod_request))
 
 
-def _smoke(smoke_overrides: dict[str, Override], as_json: bool) -> Outcome:
+def _smoke(smoke_overrides: dict[str, Override], as_json: bool, pod_request: Callable[[], PodRequest]) -> Outcome:
     smoke = settings.load(SmokeSettings, smoke_overrides)
-    torch_settings = settings.load(TorchSettings)
+    request = pod_request()
     host = probe_host(settings.load(HostEnv))
     started = time.monotonic()
-    checks, about = run_checks(smoke, torch_settings, host, smoke_overrides)
+    checks, about = run_checks(smoke, request, host, smoke_overrides)
     outcome = outcome_of(checks)
     # The termination message holds 4 KiB: the failed checks only; stdout has them all.
     failed = [c.as_json() for c in checks if c.status == FAIL]

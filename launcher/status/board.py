@@ -1,4 +1,4 @@
-"""Stacks from ranks in other pods (MPI workers), which the launcher cannot signal.
+"""Stacks from ranks in other pods (workers that mpirun reaches over ssh), which the launcher cannot signal.
 
 With hang detection on, a rank whose interpreter finds no stacks directory of the launcher's on
 its own machine (see hook/_trainer_launcher_stacks.py) connects to this board instead, at the
@@ -7,7 +7,7 @@ then :meth:`StackBoard.collect` asks each rank for its stacks, and a thread of t
 with faulthandler's dump of all its threads.
 
 A thread must take the GIL to answer, so a rank that holds it in a C call stays silent; ranks
-in a collective (gloo, NCCL, MPI through mpi4py) release it and answer. The signal path in
+in a collective (gloo, NCCL, mpi4py's) release it and answer. The signal path in
 stacks.py serves the ranks on the launcher's own pod, which need no GIL.
 """
 

@@ -1,9 +1,9 @@
-"""PyTorch's flight recorder: where the torch plan asks the ranks to write it, and what they wrote.
+"""PyTorch's flight recorder: where a framework's plan asks the ranks to write it, and what they wrote.
 
 With ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` every NCCL rank writes its ring of recent collectives to
 ``<prefix><rank>`` when its watchdog sees a collective time out, which names the collective each
-rank was stuck in. The torch plan points the prefix into a directory of its own under
-:data:`ROOT`; a hang's termination message lists what is there.
+rank was stuck in. The plan points the prefix into a directory of its own under :data:`ROOT`;
+a hang's termination message lists what is there.
 """
 
 from __future__ import annotations

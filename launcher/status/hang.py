@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from launcher.frameworks import FRAMEWORKS
+
 if TYPE_CHECKING:
     from launcher.status.stacks import RankStacks
     from launcher.status.tracker import Tracker
@@ -29,10 +31,11 @@ MESSAGE_STOPPED = 16
 EXTRA_STOPPED = 64
 # Ranks whose last reports are closer than this count as having stopped together.
 _TOGETHER = 1.0
-# A frame inside a collective: torch.distributed, mpi4py, JAX's and XGBoost's collectives.
-_COLLECTIVE = re.compile(r"distributed_c10d\.py|torch[/\\]distributed[/\\]|mpi4py|[/\\]collective\.py|"
-                         r"multihost_utils\.py|in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|"
-                         r"reduce_scatter|Barrier|Allreduce|Bcast)\b")
+# A frame inside a collective: one of any framework's library (whatever the job's own framework:
+# mpirun runs programs of the others too), or a function named as a collective is.
+_COLLECTIVE = re.compile("|".join(
+    [*(frame for framework in FRAMEWORKS for frame in framework.collective_frames),
+     r"in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter|Barrier|Allreduce|Bcast)\b"]))
 # A source line that calls one, for collectives no Python frame shows (mpi4py's are compiled).
 _CALLS_COLLECTIVE = re.compile(r"\.(?:all_?reduce|Allreduce|[Bb]arrier|[Bb]cast|broadcast|all_?gather|Allgather|"
                                r"reduce_scatter|Reduce_scatter|gather|Gather|scatter|Scatter|reduce|Reduce|"
@@ -176,7 +179,7 @@ def _key(found: RankStacks) -> str:
 
 def _where(top: tuple[str, ...]) -> str:
     """The innermost frame, and the innermost frame of the user's own code when that is another
-    (a rank in a collective is in torch; where the program called it says more)."""
+    (a rank in a collective is in its framework's library; where the program called it says more)."""
     shown = _short(top[0])
     own = next((frame for frame in top if not _library(frame)), None)
     if own is not None and own != top[0]:

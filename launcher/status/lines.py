@@ -20,6 +20,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from launcher.frameworks import FRAMEWORKS
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -47,14 +49,15 @@ _STEP_OF = re.compile(r"(?<![\w|.-])(step|global_step|iteration|current_step)\s*
 # echoed at start-up, not metrics.
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 # Lines of the libraries beneath the program, whose `key=value` details are no metrics:
-# glog-style lines from torch's C++ side (`[W1023 12:00:00.1 ...]`, also behind `[rank0]:`),
-# NCCL's `NCCL INFO`/`WARN`, torch.distributed's Python loggers, argparse's Namespace echo.
+# glog-style lines from a framework's C++ side (`[W1023 12:00:00.1 ...]`, also behind `[rank0]:`),
+# NCCL's `NCCL INFO`/`WARN`, the frameworks' own (launcher.frameworks), argparse's Namespace echo.
 # Plain substring tests first: they cost tens of nanoseconds, a regex alternation microseconds.
-_LIBRARY_MARKS = ("NCCL INFO", "NCCL WARN", "NCCL TRACE", "torch.distributed", "torch/csrc/", "Namespace(")
+_LIBRARY_MARKS = ("NCCL INFO", "NCCL WARN", "NCCL TRACE",
+                  *(mark for framework in FRAMEWORKS for mark in framework.library_lines), "Namespace(")
 _GLOG = re.compile(r"(?:\[[\w.-]{1,32}\]:)?\[?[IWEF]\d{4} \d\d:\d\d:\d\d")
 # tqdm's default bar: `{l_bar}{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}]`.
 _TQDM = re.compile(r"(?P<desc>.*?)\s*\d{1,3}%\|.*?\|\s*(?P<n>\d+)/(?P<total>\d+) \[[\d:]+<")
-# torchrun's --tee/--local-ranks-filter prefix (`[default0]:`) or torch's `[rank0]:`.
+# torchrun's --tee/--local-ranks-filter prefix (`[default0]:`) or a framework's own `[rank0]:`.
 _RANK_PREFIX = re.compile(r"\[[\w.-]{1,32}\]:")
 # Keys that make a printed dict a HuggingFace Trainer log rather than any dict a program prints.
 _HF_KEYS = frozenset(("loss", "learning_rate", "grad_norm", "epoch", "train_loss", "train_runtime"))

@@ -3,8 +3,8 @@
 One monitor per launcher process, attached to its supervisor's loop. It gathers progress from
 every source the ranks may use (their output lines, ``launcher.progress.report``, a JSON-lines
 file, and the Kubeflow SDK's or HuggingFace's own status calls, which reach a local relay instead
-of the status server) into one tracker. The pod that sends for the job (torch node 0, the MPI
-launcher, JAX process 0, XGBoost pod 0) turns the tracker into the TrainJob's ``trainerStatus``,
+of the status server) into one tracker. The one pod that sends for the job (its framework says
+which: the first node, or the launcher pod) turns the tracker into the TrainJob's ``trainerStatus``,
 at most once per interval, and the job's outcome into its final status. With ``--hang-timeout`` the tracker also decides when the
 job has stopped making progress: then every rank's Python stack is taken, the job is torn down,
 and it ends as a retryable ``Hang``.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit
 
 from launcher.core import log, report, settings
-from launcher.core.outcome import TRANSIENT, Outcome, RootCause, is_retryable
+from launcher.core.outcome import Outcome, Reasons, RootCause, is_retryable
 
 if TYPE_CHECKING:  # the rest is imported only when a monitor is made
     from launcher.core.settings import LauncherSettings
@@ -46,7 +46,7 @@ class Monitor:
                  relays: bool = True, board_at: tuple[int, str] | None = None):
         """``server``: the status server's contract (None: no reporting). ``sends``: this pod
         reports the job to it (one sender per job). ``relays``: point the ranks' status URL at our
-        relay; not where the ranks run in other pods (MPI workers), which cannot reach it.
+        relay; not where the ranks run in other pods (workers that mpirun reaches), which cannot reach it.
         ``board_at``: (family, address) the ranks in other pods reach us at, to answer a hang with
         their stacks (launcher.status.board); None: every rank runs here."""
         from launcher.status.hang import HangWatch
@@ -80,7 +80,7 @@ class Monitor:
                             "a hang shows only this pod's ranks")
         self.hang: Outcome | None = None
         # How a hang's stacks are taken: this pod's ranks, unless the job can ask every node
-        # (torch's agents do: launcher.torch.job). The taker logs what it takes.
+        # (a framework whose agents talk to each other replaces it). The taker logs what it takes.
         self.take_stacks: Callable[[], list] = self._local_stacks
         self._taking = False
         self.supervisor: Supervisor | None = None
@@ -112,7 +112,7 @@ class Monitor:
             self.relay.start()
         if self.sender is not None:
             self.sender.start()
-            report.delivery_hooks.append(self._final)
+            report.observe_delivery(self._final)
 
     def overrule(self, outcome: Outcome) -> Outcome:
         """The job's outcome, unless we ended it as hung: then the ranks' exits are our teardown."""
@@ -140,8 +140,7 @@ class Monitor:
     def close(self) -> None:
         """Done, and no final status to send after all (the launcher ends without an outcome)."""
         self.done()
-        if self.sender is not None and self._final in report.delivery_hooks:
-            report.delivery_hooks.remove(self._final)
+        if self.sender is not None and report.forget_delivery(self._final):
             self.sender.close(None, timeout=1.0)
 
     # --- sources -------------------------------------------------------------------------------
@@ -195,7 +194,7 @@ class Monitor:
             extra["flightRecorder"] = dumps[:8]
         rank = found.stopped_ranks[0] if found.stopped_ranks else None
         node = next((s.node for s in taken if s.rank == rank and s.node), self.node)
-        self.hang = Outcome(TRANSIENT, "Hang", message, RootCause(node=node, rank=rank), extra=extra)
+        self.hang = Outcome.of(Reasons.HANG, message, RootCause(node=node, rank=rank), extra=extra)
         self.supervisor.begin_teardown()
 
     def _local_stacks(self) -> list:
@@ -231,8 +230,8 @@ class Monitor:
         return trainer_status(percent=percent, eta=eta, metrics=metrics, now=datetime.now(timezone.utc))
 
     def _final(self, outcome: Outcome, codes: frozenset[int]) -> None:
-        """The job's outcome, as the TrainJob's last status (delivery hook)."""
-        report.delivery_hooks.remove(self._final)
+        """The job's outcome, as the TrainJob's last status (a delivery observer)."""
+        report.forget_delivery(self._final)
         self.done()
         self.sender.close(self._body(time.monotonic(), outcome, codes))
 

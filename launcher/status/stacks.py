@@ -44,7 +44,7 @@ class RankStacks:
     local_rank: int | None
     text: str  # faulthandler's whole dump
     top: tuple[str, ...]  # the main thread's innermost frames, "file:line in func", at most 5
-    node: str | None = None  # where it runs, when taken on another node (launcher.torch.peers)
+    node: str | None = None  # where it runs, when taken on another node (by its node's agent)
 
 
 @dataclass

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from launcher.core.knobs import Override
+
+if TYPE_CHECKING:
+    from launcher.smoke.job import PodRequest
 
 NAME = "torch"
 HELP = "run torchrun from the PET_* environment, supervised"
@@ -61,3 +65,14 @@ def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[s
         if isinstance(rest, int):
             return rest
     return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation)
+
+
+def pod_request() -> PodRequest:
+    """What Trainer's torch policy asked of this pod (``PET_*``), for the preflight (``smoke``)."""
+    from launcher.core import settings
+    from launcher.smoke.job import PodRequest
+    from launcher.torch.settings import TorchSettings
+
+    torch = settings.load(TorchSettings)
+    return PodRequest(torch.nproc_per_node, settings.source_of(TorchSettings, "nproc_per_node") or "default",
+                      torch.master_addr, "PET_MASTER_ADDR")

@@ -16,8 +16,8 @@ import time
 from typing import TYPE_CHECKING
 
 from launcher.core.outcome import (
-    CONFIG_ERROR, PEER_LOSS_PATTERN, TRANSIENT, LauncherError, Outcome, RootCause, classify, evidence_regex,
-    internal_error, success, terminated,
+    PEER_LOSS_PATTERN, LauncherError, Outcome, Reasons, RootCause, classify, evidence_regex, internal_error, success,
+    terminated,
 )
 from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
 from launcher.core.supervisor import Child, Interrupted, Supervisor
@@ -281,13 +281,13 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
     if "launcherError" in report:
         return internal_error(report["launcherError"], report.get("where"), node).with_extra(**tail)
     if "error" in report:
-        return Outcome(CONFIG_ERROR, "ConfigError", report["error"], RootCause(node=node))
+        return Outcome.of(Reasons.CONFIG_ERROR, report["error"], RootCause(node=node))
     if "agentError" in report:
         message = f"torchrun on {node} failed: {report['agentError']}"
         if any(marker in report.get("type", "") or marker in report["agentError"] for marker in _RENDEZVOUS_ERRORS):
-            return Outcome(TRANSIENT, "RendezvousFailed", message, RootCause(node=node), agent.evidence, tail)
+            return Outcome.of(Reasons.RENDEZVOUS_FAILED, message, RootCause(node=node), agent.evidence, tail)
         if report.get("exitCode"):
-            return Outcome(CONFIG_ERROR, "ConfigError", message, RootCause(node=node))
+            return Outcome.of(Reasons.CONFIG_ERROR, message, RootCause(node=node))
     if not report and returncode is not None and returncode > 0:
         # The agent reports every way torchrun ends; exiting on its own without a report, it
         # crashed (an uncaught exception: its traceback's last line is in its output).
@@ -303,8 +303,8 @@ def _stopped(record: dict, codes: frozenset[int], node: str) -> Outcome:
     the node serving the job's store vanished without a word."""
     if "lost" in record:
         host = record["lost"].rsplit(":", 1)[0]
-        return Outcome(TRANSIENT, "PeerLost", f"the node serving the job's store at {record['lost']} is gone; "
-                                              f"{node} stopped its ranks", RootCause(node=host))
+        return Outcome.of(Reasons.PEER_LOST, f"the node serving the job's store at {record['lost']} is gone; "
+                                             f"{node} stopped its ranks", RootCause(node=host))
     cause = RootCause(node=record.get("node"), rank=record.get("rank"), local_rank=record.get("localRank"),
                       exit_code=record.get("exitCode"), signal=record.get("signal"))
     what = f"rank {cause.rank} on {cause.node}" if cause.rank is not None else f"{cause.node}"

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from launcher.torch import args as torchrun_args
-from launcher.core.devices import HostFacts
+from launcher.core.devices import HostFacts, resolve_nproc
 from launcher.core.knobs import Override
 from launcher.core.outcome import ConfigError
 from launcher.status import flight
@@ -122,23 +122,6 @@ class TorchPlan:
             "sources": self.sources,
             "warnings": list(self.warnings),
         }
-
-
-def resolve_nproc(requested: str | int, host: HostFacts, source: str) -> tuple[int, str]:
-    """``auto``/``gpu``/``cpu`` -> a process count, and how it was found. ``auto`` is one process
-    per visible accelerator (NVIDIA, MIG, Neuron core, Gaudi), else per CPU of the cgroup quota
-    (torchrun's ``cpu`` and CPU ``auto`` count every host CPU, quota or not)."""
-    if isinstance(requested, int):
-        return requested, source if source.startswith(("PET_", "-")) else "default"
-    accelerators = host.accelerator
-    if requested == "auto" and accelerators is not None and accelerators.count:
-        return accelerators.count, f"{source}=auto: {accelerators.count} visible {accelerators.kind}s ({accelerators.how})"
-    if requested == "gpu" and host.gpu_count > 0:
-        return host.gpu_count, f"{source}={requested}: {host.gpu_count} visible GPUs"
-    if requested == "gpu":
-        raise ConfigError(source, requested, "at least one visible GPU (found no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them)")
-    how = f"CPU quota {host.cpus:g}" if host.cpu_quota is not None else f"{host.cpu_affinity} CPUs"
-    return host.whole_cpus, f"{source}={requested}: {how}"
 
 
 def fit_to_accelerators(nproc: int, source: str, host: HostFacts, keep: bool) -> tuple[int, str | None]:

@@ -293,8 +293,10 @@ class _Pod:
             return
         if self.supervisor.first_failure is None and self.join_timeout is None:
             return
+        from launcher.core.outcome import Reasons
+
         outcome = self._judge()
-        if outcome.exit_code == 0 or outcome.reason in ("PeerLost", "Terminated"):
+        if outcome.exit_code == 0 or outcome.reason in (Reasons.PEER_LOST, Reasons.TERMINATED):
             return
         record = {"pod": self.plan.pod_index, "outcome": outcome.to_json(self.launcher.retryable_exit_codes)}
         self.posted = True
@@ -316,8 +318,7 @@ class _Pod:
             self.supervisor.poll(min(SERVE_STEP, max(0.0, end - time.monotonic())))
 
     def _final(self) -> Outcome:
-        from launcher.core.job_outcome import stopped_by
-        from launcher.core.outcome import TRANSIENT, Outcome, RootCause
+        from launcher.core.outcome import Outcome, Reasons, RootCause, stopped_by
 
         node = self.plan.node
         own = self._judge()
@@ -327,15 +328,15 @@ class _Pod:
                 self.board.finish()
             else:  # the others read the record before this pod, and its board, go away
                 self._serve_for(board_module.LINGER, lambda: self.board.clients == 0)
-        elif self.board_client is not None and own.reason == "PeerLost" and self.adopted is None:
+        elif self.board_client is not None and own.reason == Reasons.PEER_LOST and self.adopted is None:
             self._serve_for(PEER_WAIT, lambda: self.adopted is not None or self.pod_0_lost)
         if self.adopted is not None:  # board.check_record vouched for its shape, and its pod's address
             root = Outcome.from_json(self.adopted["outcome"])
             return stopped_by(replace(root, message=f"{root.message} (reported by pod {self.adopted['pod']})"), node)
         if self.pod_0_lost:
-            return Outcome(TRANSIENT, "PeerLost",
-                           f"pod 0 ({self.plan.tracker_host}), which runs the XGBoost tracker, went away without a "
-                           f"word while {node}'s workers ran; {node} stopped them", RootCause(node=node))
+            return Outcome.of(Reasons.PEER_LOST,
+                              f"pod 0 ({self.plan.tracker_host}), which runs the XGBoost tracker, went away without a "
+                              f"word while {node}'s workers ran; {node} stopped them", RootCause(node=node))
         return own
 
     def _start_tracker(self) -> None:
@@ -454,7 +455,7 @@ class _Pod:
 
     def _watch_joins(self, deadline: float) -> None:
         """Serve until every local worker has joined the tracker, or time the job out."""
-        from launcher.core.outcome import TRANSIENT, Outcome, RootCause
+        from launcher.core.outcome import Outcome, Reasons, RootCause
 
         expected = {spawned.worker.task_id for spawned in self.workers}
         supervisor = self.supervisor
@@ -466,8 +467,8 @@ class _Pod:
             self._post_own_failure()
             if time.monotonic() >= deadline:
                 missing = sorted(expected - self.joined)
-                self.join_timeout = Outcome(
-                    TRANSIENT, "RendezvousTimeout",
+                self.join_timeout = Outcome.of(
+                    Reasons.RENDEZVOUS_TIMEOUT,
                     f"XGBoost task(s) {', '.join(map(str, missing[:20]))} on {self.plan.node} did not join the tracker "
                     f"at {self.plan.tracker_host}:{self.plan.tracker_port} within "
                     f"{self.launcher.rendezvous_timeout:g}s: it waits for all DMLC_NUM_WORKER={self.plan.num_worker} "
@@ -526,10 +527,7 @@ class _Pod:
         return bool(runner_module.PEER_LOSS.search("\n".join(spawned.child.tail)))
 
     def _worker_outcome(self, spawned: _Spawned) -> Outcome:
-        from launcher.core import crash
-        from launcher.core.outcome import (
-            CONFIG_ERROR, TRANSIENT, Outcome, RootCause, classify, internal_error, signal_name,
-        )
+        from launcher.core.outcome import Outcome, Reasons, RootCause, classify, internal_error, signal_name
 
         child, worker, node = spawned.child, spawned.worker, self.plan.node
         returncode = child.returncode
@@ -538,20 +536,20 @@ class _Pod:
                           signal=signal_name(-returncode) if returncode < 0 else None)
         what = f"XGBoost worker (task {worker.task_id}) on {node}"
         report = _read_report(spawned.report_path) or {}
-        if report.get("reason") == crash.REASON and report.get("error"):
+        if report.get("reason") == Reasons.LAUNCHER_ERROR and report.get("error"):
             # The runner's own bug, not the program's failure (launcher/core/crash.py).
             return internal_error(report["error"], None, node)
-        if report.get("reason") == runner_module.UNSUPPORTED and report.get("error"):
+        if report.get("reason") == Reasons.UNSUPPORTED_VERSION and report.get("error"):
             # The runner refused the interpreter's xgboost before importing it (launcher/core/versions.py).
-            return Outcome(CONFIG_ERROR, runner_module.UNSUPPORTED, f"{what}: {report['error']}", cause)
+            return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {report['error']}", cause)
         if self._peer_lost(spawned):
             # Worded so launcher.core.job_outcome (PEER_LOSS_PATTERN) never takes this pod for the
             # job's root cause: xgboost's own words ("Encountered EOF. The other end is likely
             # closed.") say the same thing, but not in the pattern's.
             said = report.get("error") or _peer_loss_line(child)
-            outcome = Outcome(TRANSIENT, "PeerLost",
-                              f"{what} lost a peer: a worker on another pod failed or went away, or the tracker did",
-                              cause, evidence=f"connection closed by peer: {said}"[:500])
+            outcome = Outcome.of(Reasons.PEER_LOST,
+                                 f"{what} lost a peer: a worker on another pod failed or went away, or the tracker did",
+                                 cause, evidence=f"connection closed by peer: {said}"[:500])
         else:
             outcome = classify(returncode, retryable_codes=self.launcher.retryable_exit_codes,
                                evidence=child.evidence, root_cause=cause, what=what)

@@ -48,7 +48,6 @@ import sys
 OPTIONS = ("--go-fd", "--joined-fd", "--report")
 GO_WORD = b"go\n"
 JOIN_FAILED = 138  # the launcher's transient exit code: a tracker that could not be joined
-UNSUPPORTED = "UnsupportedVersion"  # the report's reason for an xgboost outside the supported range
 ERROR_LIMIT = 1000
 # What xgboost's collective says when the other end of a connection went away: a worker that died
 # (or was torn down) elsewhere, or the tracker.
@@ -85,6 +84,9 @@ crash = load_sibling(os.path.join(os.pardir, "core", "crash.py"), "_trainer_laun
 versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
 # The program's words as the launcher wrote them after this file (launcher/core/python_argv.py).
 python_argv = load_sibling(os.path.join(os.pardir, "core", "python_argv.py"), "_trainer_launcher_python_argv")
+# The table of reasons (launcher/core/reasons.py): the report's reason for an xgboost out of range.
+reasons = load_sibling(os.path.join(os.pardir, "core", "reasons.py"), "_trainer_launcher_reasons")
+UNSUPPORTED = reasons.Reasons.UNSUPPORTED_VERSION
 
 
 def _say(message: str) -> None:

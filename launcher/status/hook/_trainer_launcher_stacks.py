@@ -1,12 +1,12 @@
 """Registers this process's stack dump (see sitecustomize.py beside it), once, on import.
 
 Two ways, one per process: where the launcher's stacks directory is on this machine, a file and a
-real-time signal the launcher sends (launcher/status/stacks.py); where it is not (a rank on an MPI
-worker pod, which the launcher cannot signal), a connection to the launcher's stack board, which
-a thread of this process answers with the same dump (launcher/status/board.py).
+real-time signal the launcher sends (launcher/status/stacks.py); where it is not (a rank on a
+worker pod that mpirun reached, which the launcher cannot signal), a connection to the launcher's
+stack board, which a thread of this process answers with the same dump (launcher/status/board.py).
 
-Imported by the sitecustomize beside it at interpreter start, and by a framework's runner that
-started before the hook was on its PYTHONPATH (launcher/jax/run.py, launcher/xgboost/run.py), once
+Imported by the sitecustomize beside it at interpreter start, and by a framework's runner (its
+``run.py``, in the user's interpreter) that started before the hook was on its PYTHONPATH, once
 the launcher's variables have reached it. Standard library only, Python 3.8 syntax, never raises.
 """
 

@@ -1,0 +1,183 @@
+"""The CLI reaches every framework through the registry (launcher/frameworks.py), and core's
+interfaces (a job's watch, the delivery observers) are what the layers above plug into. In-process."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+import pytest
+
+from launcher import cli, frameworks
+from launcher.core import report
+from launcher.core.outcome import Outcome, classify
+
+PACKAGE = Path(cli.__file__).resolve().parent
+
+
+def test_every_framework_folder_is_registered_and_every_entry_has_its_folder():
+    folders = {path.parent.name for path in PACKAGE.glob("*/command.py")}
+    assert folders == {framework.name for framework in frameworks.FRAMEWORKS}
+    for framework in frameworks.FRAMEWORKS:
+        assert importlib.import_module(framework.command).NAME == framework.name
+
+
+def test_the_default_framework_is_registered_and_says_what_the_pod_asks_for():
+    assert frameworks.DEFAULT in cli.frameworks()
+    assert callable(cli.frameworks()[frameworks.DEFAULT].pod_request)
+
+
+def test_the_registry_knows_each_frameworks_collectives_as_the_hang_check_sees_them():
+    from launcher.status.hang import _in_collective
+
+    frames = {"torch": "/site-packages/torch/distributed/distributed_c10d.py:3000 in all_reduce_coalesced",
+              "mpi": "/site-packages/mpi4py/MPI.py:1 in f", "jax": "/jax/experimental/multihost_utils.py:9 in g",
+              "xgboost": "/site-packages/xgboost/collective.py:200 in h"}
+    assert set(frames) == {framework.name for framework in frameworks.FRAMEWORKS}
+    for name, frame in frames.items():
+        assert _in_collective((frame,)), name
+
+
+def test_the_switches_are_every_option_that_takes_no_value():
+    switches = cli._switches(cli._parser(cli.frameworks()))
+    assert switches == {"-h", "--help", "--version", "--worker", "--json", "--tune"}
+
+
+def test_a_new_switch_needs_no_list_kept_by_hand():
+    parser = cli._Parser(prog="t")
+    sub = parser.add_subparsers(dest="command").add_parser("new")
+    sub.add_argument("--dry-run", action="store_true")
+    sub.add_argument("--level")
+    assert cli._switches(parser) == {"-h", "--help", "--dry-run"}
+    assert cli._split(["new", "--dry-run", "prog", "--level", "x"], cli._switches(parser)) == \
+        (["new", "--dry-run"], ["prog", "--level", "x"])
+
+
+@pytest.mark.parametrize("argv, head, rest", [
+    (["torch", "--tune", "lora_finetune_single_device", "--config", "c"], ["torch", "--tune"],
+     ["lora_finetune_single_device", "--config", "c"]),
+    (["mpi", "--worker", "--ssh-port", "2222"], ["mpi", "--worker", "--ssh-port", "2222"], []),
+    (["smoke", "--json", "--level", "long"], ["smoke", "--json", "--level", "long"], []),
+    (["exec", "--grace-period", "5", "sh", "-c", "true"], ["exec", "--grace-period", "5"], ["sh", "-c", "true"]),
+])
+def test_split_tells_switches_from_options_with_values(argv, head, rest):
+    assert cli._split(argv) == (head, rest)
+
+
+def _recording(monkeypatch, module: str, attribute: str) -> list:
+    calls: list = []
+    monkeypatch.setattr(importlib.import_module(module), attribute, lambda *args: calls.append(args) or 0)
+    return calls
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["local", "--", "train.py"], "torch"),
+    (["local", "--mpi", "intel", "--", "train.py"], "mpi"),
+    (["local", "--framework", "jax", "--", "train.py"], "jax"),
+    (["local", "--framework", "xgboost", "--", "train.py"], "xgboost"),
+])
+def test_local_runs_the_framework_asked_for_the_one_whose_options_are_given_else_the_default(
+        monkeypatch, argv, expected):
+    calls = {name: _recording(monkeypatch, f"launcher.{name}.command", "local")
+             for name in ("torch", "mpi", "jax", "xgboost")}
+    assert cli.main(argv) == 0
+    assert {name: len(made) for name, made in calls.items()} == {name: int(name == expected) for name in calls}
+
+
+def test_local_keeps_the_options_a_framework_adds_in_their_place():
+    local = next(a for a in cli._parser(cli.frameworks())._actions
+                 if isinstance(a, argparse._SubParsersAction)).choices["local"]
+    flags = [a.option_strings[0] for a in local._actions if a.option_strings][:10]
+    assert flags == ["-h", "--framework", "--nnodes", "--nproc-per-node", "--trainjob", "--master-port",
+                     "--isolation", "--mpi", "--user", "--rendezvous-timeout"]
+
+
+def test_smoke_checks_what_the_default_framework_says_the_pod_asks_for(monkeypatch):
+    calls = _recording(monkeypatch, "launcher.smoke.job", "run_smoke")
+    assert cli.main(["smoke", "--json"]) == 0
+    assert calls[0][3] is cli.frameworks()[frameworks.DEFAULT].pod_request
+
+
+def test_the_pod_request_names_where_the_process_count_came_from(monkeypatch):
+    from launcher.smoke.job import PodRequest
+
+    for name in ("PET_NPROC_PER_NODE", "PET_MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    pod_request = cli.frameworks()[frameworks.DEFAULT].pod_request
+    assert pod_request() == PodRequest(1, "default", None, "PET_MASTER_ADDR")
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "gpu")
+    monkeypatch.setenv("PET_MASTER_ADDR", "job-node-0-0.job")
+    assert pod_request() == PodRequest("gpu", "PET_NPROC_PER_NODE", "job-node-0-0.job", "PET_MASTER_ADDR")
+
+
+def test_every_delivery_observer_is_told_redacted_even_when_one_forgets_itself(tmp_path, monkeypatch):
+    told: list[tuple[str, str, frozenset[int]]] = []
+
+    def first(outcome: Outcome, codes: frozenset[int]) -> None:
+        report.forget_delivery(first)
+        told.append(("first", outcome.message, codes))
+
+    def second(outcome: Outcome, codes: frozenset[int]) -> None:
+        told.append(("second", outcome.message, codes))
+
+    report.observe_delivery(first)
+    report.observe_delivery(second)
+    try:
+        token = "hf_" + "a" * 34
+        monkeypatch.setenv("HF_TOKEN", token)
+        failed = classify(3, what=f"train.py --token {token}")
+        assert report.deliver(failed, str(tmp_path / "t"), frozenset({138})) == 3
+        report.deliver(classify(0), str(tmp_path / "t"), frozenset({138}))
+    finally:
+        assert report.forget_delivery(second) and not report.forget_delivery(first)
+    assert [who for who, _, _ in told] == ["first", "second", "second"]
+    assert token not in told[0][1] and told[0][2] == frozenset({138})
+
+
+class _Watch:
+    """A stand-in for the status monitor, through core's JobWatch interface."""
+
+    def __init__(self, hang: Outcome | None = None):
+        self.hang, self.nodes, self.finished = hang, [], False
+
+    def rank_env(self) -> dict[str, str]:
+        return {"WATCHED_BY": "test"}
+
+    def done(self) -> None:
+        self.finished = True
+
+
+def _launcher_settings():
+    from launcher.core.settings import LauncherSettings, load
+
+    return load(LauncherSettings)
+
+
+def test_supervise_gives_the_command_the_watchs_variables_and_stops_it_after(tmp_path, monkeypatch):
+    from launcher.core.exec_job import supervise
+
+    monkeypatch.setenv("HOSTNAME", "node-a")
+    watch = _Watch()
+
+    def start(supervisor, node):
+        watch.nodes.append(node)
+        return watch
+
+    seen = tmp_path / "seen"
+    outcome = supervise(_launcher_settings(), ["sh", "-c", f'echo "$WATCHED_BY" > {seen}'], watch=start)
+    assert (outcome.exit_code, seen.read_text(), watch.nodes, watch.finished) == (0, "test\n", ["node-a"], True)
+
+
+def test_a_hang_the_watch_found_is_the_outcome(monkeypatch):
+    from launcher.core.exec_job import supervise
+
+    hang = classify(138, what="the stand-in for a hang")  # any outcome: it must come back as it is
+    outcome = supervise(_launcher_settings(), ["sh", "-c", "exit 143"], watch=lambda supervisor, node: _Watch(hang))
+    assert outcome is hang
+
+
+def test_without_a_watch_nothing_is_watched():
+    from launcher.core.exec_job import supervise
+
+    assert supervise(_launcher_settings(), ["sh", "-c", "exit 3"]).exit_code == 3
