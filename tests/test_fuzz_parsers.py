@@ -17,6 +17,7 @@ from launcher.core.outcome import ConfigError
 from launcher.core.settings import Invalid, parse_endpoint, parse_host, split_host_port
 from launcher.initializers.uri import SCHEMES, parse_storage_uri, redact_uri
 from launcher.mpi.hostfile import Host, MAX_SLOTS, parse_hostfile, render
+from launcher.runner import program
 from launcher.torch import args as torch_args
 
 pytestmark = pytest.mark.fuzz
@@ -106,7 +107,7 @@ def test_a_python_command_parsed_and_put_back_together_is_the_same_command(inter
     rebuilt = [command.interpreter, *command.options, *command.target_argv(), *command.args]
     assert python_argv.parse(rebuilt) == command
     # and the runner, given what follows it, reads back the same program
-    assert python_argv.runner_target([*command.target_argv(), *command.args]) == \
+    assert program.parse_target([*command.target_argv(), *command.args]) == \
         (command.kind, command.target, list(command.args))
 
 

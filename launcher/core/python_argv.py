@@ -32,28 +32,6 @@ class PythonCommand:
         return [*flag, self.target]
 
 
-def runner_target(argv: list[str]) -> tuple[str, str, list[str]]:
-    """What a runner reads after its own options, as :meth:`PythonCommand.target_argv` writes it:
-    (kind, target, args), kind ``script``, ``module`` (-m) or ``code`` (-c). ``--`` first, as after
-    python's own, makes the next word a script, even ``-m``. A usage error is a ValueError."""
-    script_only = argv[:1] == ["--"]
-    if script_only:
-        argv = argv[1:]
-    if not argv:
-        raise ValueError("nothing to run: python run.py [--] SCRIPT|-m MODULE|-c CODE [ARGS...]")
-    first = argv[0]
-    if script_only:
-        return "script", first, argv[1:]
-    for flag, kind in (("-m", "module"), ("-c", "code")):
-        if first == flag:
-            if len(argv) < 2:
-                raise ValueError(f"{flag} needs a value")
-            return kind, argv[1], argv[2:]
-        if first.startswith(flag):
-            return kind, first[2:], argv[1:]
-    return "script", first, argv[1:]
-
-
 def is_interpreter(word: str) -> bool:
     return bool(_INTERPRETER.match(os.path.basename(word)))
 

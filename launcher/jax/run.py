@@ -26,9 +26,9 @@ Before ``import jax`` it checks the installed version against the supported rang
 UnsupportedVersion), unless LAUNCHER_ALLOW_UNTESTED_VERSIONS=1 (one warning line).
 
 Run by path, not as ``-m launcher.jax.run``, so any interpreter that has jax can run it: it imports
-nothing but the standard library and jax, and two stdlib-only files of the launcher loaded by path
-(``load_sibling``): compat.py, through which every use of jax's internals goes, and
-../core/versions.py. It reads its few variables itself (the launcher has validated them already;
+nothing but the standard library and jax, and stdlib-only files of the launcher loaded by path:
+../runner/program.py, which runs the program exactly as python would; compat.py, through which
+every use of jax's internals goes; ../core/versions.py and ../core/crash.py. It reads its few variables itself (the launcher has validated them already;
 run by hand, a bad value is one line and exit 2).
 """
 
@@ -56,7 +56,6 @@ LINGER = 5.0  # process 0: how long it keeps the store up for the others to read
 PEER_WAIT = 2.0  # a process that lost a peer: how long it looks for that peer's stop record
 FINISH_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # JAX's heartbeats end a barrier that a dead peer never joins
 INIT_FAILED = 138  # the launcher's transient exit code: a coordinator that could not be joined
-ERROR_LIMIT = 1000
 # The errors of a collective whose peer went away (gloo's TCP pairs); like launcher.core.outcome's.
 PEER_LOSS = re.compile(r"[Cc]onnection (?:reset|closed) by peer|remote process exited|Socket closed")
 
@@ -65,31 +64,20 @@ def _say(message: str) -> None:
     print(f"trainer-launcher: jax: {message}", file=sys.stderr, flush=True)
 
 
-def load_sibling(relative: str, name: str):
-    """A stdlib-only module of the launcher, by path (this file may run where ``launcher`` cannot
-    be imported), under ``name``: never a name the program's own modules could have."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it executes
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+# The runner every framework shares (launcher/runner/program.py), loaded by path: it runs the program
+# exactly as python would, and loads the launcher's other stdlib-only files the same way.
+_spec = importlib.util.spec_from_file_location(
+    "_trainer_launcher_program", os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"))
+program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(program)
 
 
 # Every use of jax's internals, behind feature checks (launcher/jax/compat.py).
-compat = load_sibling("compat.py", "_trainer_launcher_jax_compat")
+compat = program.load_sibling(__file__, "compat.py", "_trainer_launcher_jax_compat")
 # The runner's own bug told apart from the program's failure (launcher/core/crash.py).
-crash = load_sibling(os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
+crash = program.load_sibling(__file__, os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
 # The supported ranges (launcher/core/versions.py), checked before the framework is imported.
-versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
-# The program's words as the launcher wrote them after this file (launcher/core/python_argv.py).
-python_argv = load_sibling(os.path.join(os.pardir, "core", "python_argv.py"), "_trainer_launcher_python_argv")
+versions = program.load_sibling(__file__, os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
 
 
 def _usage_error(message: str) -> None:
@@ -101,94 +89,11 @@ def _usage_error(message: str) -> None:
 
 
 def parse_target(argv: list[str]) -> tuple[str, str, list[str]]:
-    """(kind, target, args): ``script``, ``module`` (-m) or ``code`` (-c)."""
+    """(kind, target, args), as launcher/core/python_argv.py wrote them after this file."""
     try:
-        return python_argv.runner_target(argv)
+        return program.parse_target(argv)
     except ValueError as usage:
         _usage_error(str(usage))
-
-
-def _fix_sys_path(kind: str, target: str) -> None:
-    """sys.path[0] as ``python`` would set it, not this file's directory (whose settings.py and
-    plan.py would shadow the program's own modules of those names)."""
-    if kind == "script":
-        first = os.path.dirname(os.path.realpath(target))
-    elif kind == "module":
-        first = os.getcwd()
-    else:
-        first = ""
-    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
-        sys.path[0] = first
-    else:
-        sys.path.insert(0, first)
-
-
-def run_program(kind: str, target: str, args: list[str]) -> tuple[int, str | None]:
-    """Run the program as ``__main__``: its exit status and, when it raised, the error in a line.
-    A failure is printed as Python prints it."""
-    import runpy
-
-    try:
-        if kind == "script":
-            sys.argv = [target, *args]
-            runpy.run_path(target, run_name="__main__")
-        elif kind == "module":
-            sys.argv = [target, *args]  # run_module puts the module's file here
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            _run_code(target, args)
-    except SystemExit as exit_:
-        return exit_status(exit_), None if exit_.code is None or isinstance(exit_.code, int) else str(exit_.code)[:ERROR_LIMIT]
-    except BaseException as error:  # noqa: BLE001 - the program's failure, reported as python would
-        frames = _program_frames(error.__traceback__)
-        sys.excepthook(type(error), error.with_traceback(frames), frames)
-        return (130 if isinstance(error, KeyboardInterrupt) else 1), describe(error)
-    return 0, None
-
-
-def _run_code(code: str, args: list[str]) -> None:
-    import types
-
-    sys.argv = ["-c", *args]
-    main = types.ModuleType("__main__")
-    saved = sys.modules.get("__main__")
-    sys.modules["__main__"] = main
-    try:
-        exec(compile(code, "<string>", "exec"), main.__dict__)
-    finally:
-        if saved is not None:
-            sys.modules["__main__"] = saved
-
-
-def _program_frames(tb):
-    """The traceback from the program's first frame: ours and runpy's say nothing to the user."""
-    import runpy
-
-    ours = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
-    while tb is not None and tb.tb_next is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        if not (filename.startswith("<frozen runpy") or os.path.realpath(filename) in ours):
-            break
-        tb = tb.tb_next
-    return tb
-
-
-def exit_status(exit_: SystemExit) -> int:
-    """What ``python`` exits with for this SystemExit (a message is printed, status 1)."""
-    code = exit_.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr, flush=True)
-    return 1
-
-
-def describe(error: BaseException | None) -> str | None:
-    if error is None:
-        return None
-    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return text[:ERROR_LIMIT]
 
 
 # --- which jax ------------------------------------------------------------------------------------
@@ -237,14 +142,7 @@ class Config:
 
 def report(config: Config, record: dict) -> None:
     """Tell the launcher how this process ended (complete or absent: written aside, renamed)."""
-    if config.report_path is None:
-        return
-    try:
-        with open(config.report_path + ".tmp", "w") as handle:
-            json.dump(record, handle)
-        os.replace(config.report_path + ".tmp", config.report_path)
-    except OSError:
-        pass  # the launcher judges from the exit code alone
+    program.write_report(config.report_path, record)  # unwritten: the launcher judges from the exit code
 
 
 class Go:
@@ -289,12 +187,7 @@ def split_go_fd(argv: list[str]) -> tuple[int | None, list[str]]:
 def leave(code: int) -> None:
     """Exit now with ``code``: no atexit handlers, so no JAX shutdown barrier waiting for peers
     that will never come."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    program.leave(code)
 
 
 # --- the job-wide session -----------------------------------------------------------------------
@@ -321,7 +214,7 @@ class Session:
                                             process_id=config.process_id,
                                             initialization_timeout=config.init_timeout)
         except Exception as error:  # noqa: BLE001 - JAX raises its own runtime error types
-            text = describe(error)
+            text = program.describe(error)
             report(config, {"role": "init", "processId": config.process_id, "error": text})
             _say(f"process {config.process_id} could not join the coordinator at {config.coordinator}: {text}")
             leave(INIT_FAILED)
@@ -446,7 +339,7 @@ class Session:
             self.store.barrier(FINISHED_BARRIER, FINISH_TIMEOUT_MS)
         except Exception as error:  # noqa: BLE001 - a peer failed or vanished
             time.sleep(PEER_WAIT)  # its stop record, if any, reaches the watcher meanwhile
-            self.failed(1, f"the job's final barrier failed: {describe(error)}")
+            self.failed(1, f"the job's final barrier failed: {program.describe(error)}")
         try:
             self.store.set(STOP_KEY, json.dumps({"done": True}), overwrite=False)
         except Exception:  # noqa: BLE001 - another process woke them first
@@ -461,21 +354,9 @@ def _import_jax():
     try:
         import jax
     except Exception as error:  # noqa: BLE001
-        return None, describe(error)
+        return None, program.describe(error)
     return jax, None
 
-
-def register_stacks() -> None:
-    """With hang detection on, register this process's stack dump now: the launcher's variables
-    came after this runner started, too late for the hook it puts on PYTHONPATH."""
-    if not os.environ.get("LAUNCHER_STACKS_DIR"):
-        return
-    hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "status", "hook")
-    sys.path.insert(0, hook)
-    try:
-        import _trainer_launcher_stacks  # noqa: F401  (registers on import, never raises)
-    finally:
-        sys.path.remove(hook)
 
 # Where crashed() finds the report path once main() has taken REPORT_ENV from the program's sight.
 _reports_to: list[str | None] = []
@@ -497,14 +378,14 @@ def main(argv: list[str] | None = None) -> None:
     go_fd, argv = split_go_fd(sys.argv[1:] if argv is None else argv)
     go = Go(go_fd)
     kind, target, args = parse_target(argv)
-    _fix_sys_path(kind, target)
+    program.set_sys_path(kind, target, os.path.dirname(os.path.realpath(__file__)))
     # Before the import: a jax out of range is never loaded (refused after the go word, so a
     # runner the launcher sends away leaves quietly).
     refused = check_version()
     if refused is None:
         jax, import_error = _import_jax()
     os.environ.update(go.wait().get("env", {}))
-    register_stacks()
+    program.register_stacks()
     config = Config(dict(os.environ))
     _reports_to.append(config.report_path)  # for crashed(): the next line hides it from the program
     for name in (REPORT_ENV, INIT_TIMEOUT_ENV):
@@ -521,15 +402,15 @@ def main(argv: list[str] | None = None) -> None:
     if config.coordinator is not None:
         session = Session(jax, config)
         session.initialize()
-    code, error = run_program(kind, target, args)
+    ending = program.run_program(kind, target, args)
     if session is not None:
-        if code == 0:
+        if ending.interrupted:
+            program.leave(ending.status, interrupted=True)  # told to stop, not a failure to publish
+        elif ending.status == 0:
             session.finish()
-        elif code == 130:
-            leave(code)  # interrupted: told to stop, not a failure to publish
         else:
-            session.failed(code, error)
-    sys.exit(code)
+            session.failed(ending.status, program.describe(ending.error))
+    program.exit_as_python(ending)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """``python -m launcher.mpi.rank PROGRAM [ARGS]``: how a Python rank runs under ``trainer-launcher mpi``.
 
-It runs the program as ``python -m mpi4py`` does (an uncaught exception or a non-zero
-``sys.exit`` in one rank calls MPI_Abort, so the others stop waiting), and before that abort it
+It runs the program exactly as ``python`` would (launcher/runner/program.py, the runner every
+framework shares), and, as ``python -m mpi4py`` does, an uncaught exception or a non-zero exit in
+one rank calls MPI_Abort, so the others stop waiting. Before that abort it
 tells the launcher which rank failed, on which host, and why: one JSON line over TCP to the
 address in ``TRAINER_LAUNCHER_RANK_REPORT``, answered before the abort goes out. mpirun's own
 "rank N aborted" line travels through the MPI's output forwarding, which the abort itself races
 and sometimes loses; this report does not. A program whose MPI came up without mpi4py (MLX's MPI
 backend loads libmpi itself) is aborted the same way, through that library.
 
-Imports nothing from the launcher beyond this file, and mpi4py only when the program starts: it
-runs in every rank, so it reads its few variables from the environment itself rather than through
-launcher.core.settings (and pydantic).
+Imports nothing of the launcher but stdlib-only modules (the runner, the version table), and
+mpi4py only when the program starts: it runs in every rank, so it reads its few variables from the
+environment itself rather than through launcher.core.settings (and pydantic).
 """
 
 from __future__ import annotations
@@ -20,34 +21,17 @@ import os
 import socket
 import sys
 
+from launcher.runner import program
+
 # "<address>/<port>/<token>", set by the launcher. No spaces: hydra passes the environment to
 # remote ranks through a shell command line.
 REPORT_ENV = "TRAINER_LAUNCHER_RANK_REPORT"
 MODULE = "launcher.mpi.rank"
 REPORT_TIMEOUT = 2.0  # seconds a failing rank may spend telling the launcher before it aborts
-ERROR_LIMIT = 1000
 
 # Where each MPI puts a rank's place in the job.
 _RANK = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 _LOCAL_RANK = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-
-
-def exit_status(exc: BaseException) -> int:
-    """The status ``python -m mpi4py`` aborts with for this exception (0: no abort)."""
-    if isinstance(exc, SystemExit):
-        code = exc.code
-        if code is None:
-            return 0
-        return code if isinstance(code, int) else 1
-    return 1
-
-
-def describe(exc: BaseException) -> str | None:
-    """What went wrong, in a line: the exception, or a non-integer sys.exit message."""
-    if isinstance(exc, SystemExit):
-        return None if exc.code is None or isinstance(exc.code, int) else str(exc.code)[:ERROR_LIMIT]
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text[:ERROR_LIMIT]
 
 
 def _first_int(names: tuple[str, ...]) -> int | None:
@@ -103,8 +87,8 @@ def native_mpi() -> str | None:
     return None
 
 
-def abort_through(path: str, status: int, exc: BaseException) -> None:
-    """Say what Python would say about ``exc``, then MPI_Abort on the library at ``path``.
+def abort_through(path: str, status: int) -> None:
+    """MPI_Abort on the library at ``path``, after what the program printed.
 
     Left to exit, such a rank finalizes MPI from the library's own teardown (MLX: its group's
     destructor), and MPI_Finalize waits for every rank, while the others wait for this one in
@@ -115,11 +99,6 @@ def abort_through(path: str, status: int, exc: BaseException) -> None:
         from mpi4py import MPI
     except Exception:  # noqa: BLE001 - an MPI mpi4py cannot bind: leave the exit as it was
         return
-    if isinstance(exc, SystemExit):
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    else:
-        sys.excepthook(type(exc), exc, exc.__traceback__)
     sys.stdout.flush()
     sys.stderr.flush()
     MPI.COMM_WORLD.Abort(status)
@@ -135,23 +114,35 @@ def unsupported_mpi4py() -> str | None:
     return line
 
 
+def abort_on_exit(status: int) -> None:
+    """End the whole job when this rank exits ``status``, as ``python -m mpi4py`` does: through
+    mpi4py's abort at exit when the program started MPI with it, else through the library another
+    binding started (``native_mpi``)."""
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py.run import set_abort_status
+
+        set_abort_status(status)
+    elif path := native_mpi():
+        abort_through(path, status)
+
+
 def main() -> None:
     if line := unsupported_mpi4py():
         print(f"trainer-launcher: error: {line}", file=sys.stderr, flush=True)
         report(2, line)
         sys.exit(2)
-    from mpi4py import run
-
     try:
-        run.main()  # parses sys.argv like `python -m mpi4py`, arms MPI_Abort for a failure
-    except KeyboardInterrupt:
-        raise  # the MPI tearing the job down for someone else's failure: not ours to report
-    except BaseException as exc:
-        if status := exit_status(exc):
-            report(status, describe(exc))
-            if "mpi4py.MPI" not in sys.modules and (path := native_mpi()):
-                abort_through(path, status, exc)
-        raise
+        kind, target, args = program.parse_target(sys.argv[1:])
+    except ValueError as usage:
+        print(f"trainer-launcher: error: {usage}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    program.set_sys_path(kind, target, os.getcwd())  # python -m put the working directory there
+    ending = program.run_program(kind, target, args)
+    if ending.status and not ending.interrupted:  # interrupted: the MPI tearing the job down for another's failure
+        report(ending.status, program.describe(ending.error))
+    if ending.status:
+        abort_on_exit(ending.status)
+    program.exit_as_python(ending)
 
 
 if __name__ == "__main__":

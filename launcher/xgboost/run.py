@@ -30,9 +30,10 @@ distributed (``xgboost.train`` and ``QuantileDMatrix`` just work). In detail:
   peer) to the file ``--report``: the launcher names the worker from it.
 
 Run by path, not as ``-m launcher.xgboost.run``, so any interpreter that has xgboost can run it:
-it imports nothing but the standard library and xgboost, and two stdlib-only files of the launcher
-loaded by path (``load_sibling``): compat.py, through which every use of xgboost's internals goes,
-and ../core/versions.py. It reads its few variables itself (the launcher has validated them
+it imports nothing but the standard library and xgboost, and stdlib-only files of the launcher
+loaded by path: ../runner/program.py, which runs the program exactly as python would; compat.py,
+through which every use of xgboost's internals goes; ../core/versions.py, ../core/crash.py and
+../core/reasons.py. It reads its few variables itself (the launcher has validated them
 already; run by hand, a bad value is one line and exit 2).
 """
 
@@ -59,33 +60,22 @@ _XGBOOST_CAUSE = re.compile(r"^\s*-\s*\[[^\]]*\]:\s*(.*?)\s*$")
 _TIME_STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\]\s*")
 
 
-def load_sibling(relative: str, name: str):
-    """A stdlib-only module of the launcher, by path (this file may run where ``launcher`` cannot
-    be imported), under ``name``: never a name the program's own modules could have."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it executes
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+# The runner every framework shares (launcher/runner/program.py), loaded by path: it runs the program
+# exactly as python would, and loads the launcher's other stdlib-only files the same way.
+_spec = importlib.util.spec_from_file_location(
+    "_trainer_launcher_program", os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"))
+program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(program)
 
 
 # Every use of xgboost's internals, behind feature checks (launcher/xgboost/compat.py).
-compat = load_sibling("compat.py", "_trainer_launcher_xgboost_compat")
+compat = program.load_sibling(__file__, "compat.py", "_trainer_launcher_xgboost_compat")
 # The runner's own bug told apart from the program's failure (launcher/core/crash.py).
-crash = load_sibling(os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
+crash = program.load_sibling(__file__, os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
 # The supported ranges (launcher/core/versions.py), checked before the framework is imported.
-versions = load_sibling(os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
-# The program's words as the launcher wrote them after this file (launcher/core/python_argv.py).
-python_argv = load_sibling(os.path.join(os.pardir, "core", "python_argv.py"), "_trainer_launcher_python_argv")
+versions = program.load_sibling(__file__, os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
 # The table of reasons (launcher/core/reasons.py): the report's reason for an xgboost out of range.
-reasons = load_sibling(os.path.join(os.pardir, "core", "reasons.py"), "_trainer_launcher_reasons")
+reasons = program.load_sibling(__file__, os.path.join(os.pardir, "core", "reasons.py"), "_trainer_launcher_reasons")
 UNSUPPORTED = reasons.Reasons.UNSUPPORTED_VERSION
 
 
@@ -144,21 +134,11 @@ def parse_options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def parse_target(argv: list[str]) -> tuple[str, str, list[str]]:
-    """(kind, target, args): ``script``, ``module`` (-m) or ``code`` (-c)."""
+    """(kind, target, args), as launcher/core/python_argv.py wrote them after the options."""
     try:
-        return python_argv.runner_target(argv)
+        return program.parse_target(argv)
     except ValueError as usage:
         _usage_error(str(usage))
-
-
-def _fix_sys_path(kind: str, target: str) -> None:
-    """sys.path[0] as ``python`` would set it, not this file's directory (whose settings.py and
-    plan.py would shadow the program's own modules of those names)."""
-    first = {"script": os.path.dirname(os.path.realpath(target)), "module": os.getcwd()}.get(kind, "")
-    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
-        sys.path[0] = first
-    else:
-        sys.path.insert(0, first)
 
 
 # --- the job's collective ---------------------------------------------------------------------
@@ -294,93 +274,17 @@ def report(path: str | None, status: int, error: str | None, peer_lost: bool, ta
     record = {"taskId": task_id, "exitCode": status, "error": error, "peerLost": peer_lost}
     if reason is not None:
         record["reason"] = reason
-    try:
-        with open(f"{path}.tmp", "w") as handle:
-            json.dump(record, handle)
-        os.replace(f"{path}.tmp", path)
-    except OSError:
-        pass  # the launcher judges from the exit code alone
+    program.write_report(path, record)  # unwritten: the launcher judges from the exit code alone
 
 
 # --- running the program ----------------------------------------------------------------------
 
 
-def exit_status(exc: SystemExit) -> int:
-    code = exc.code
-    if code is None:
-        return 0
-    return code if isinstance(code, int) else 1
-
-
-def _program_frames(tb):
-    """The traceback from the program's first frame on: the runner's and runpy's are noise."""
-    here = os.path.realpath(__file__)
-    while tb is not None and (os.path.realpath(tb.tb_frame.f_code.co_filename) == here
-                              or tb.tb_frame.f_globals.get("__name__") == "runpy"
-                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
-        tb = tb.tb_next
-    return tb
-
-
-def run_program(kind: str, target: str, args: list[str]) -> tuple[int, BaseException | None]:
-    """Run the program as ``__main__``: its exit status, and what it raised (printed as Python does)."""
-    import runpy
-
-    try:
-        sys.argv = [target if kind != "code" else "-c", *args]
-        if kind == "script":
-            runpy.run_path(target, run_name="__main__")
-        elif kind == "module":
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-    except SystemExit as exit_:
-        if exit_.code is not None and not isinstance(exit_.code, int):
-            print(exit_.code, file=sys.stderr, flush=True)  # what python prints for sys.exit("message")
-            return 1, exit_
-        return exit_status(exit_), None
-    except BaseException as error:  # noqa: BLE001 - the program's failure, printed as python would
-        # The hook prints the exception's own traceback: trim that one.
-        error.__traceback__ = _program_frames(error.__traceback__)
-        sys.excepthook(type(error), error, error.__traceback__)
-        return (130 if isinstance(error, KeyboardInterrupt) else 1), error
-    return 0, None
-
-
 def describe(error: BaseException | None) -> str | None:
-    if error is None:
-        return None
-    if isinstance(error, SystemExit):
-        return str(error.code)[:ERROR_LIMIT]
     if type(error).__name__ == "XGBoostError":
         return f"XGBoostError: {error_line(error)}"
-    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return text[:ERROR_LIMIT]
+    return program.describe(error)
 
-
-def _exit_now(status: int) -> None:
-    """Leave without the collective's shutdown (it would wait on peers) and without the native
-    destructors' warnings."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(status)
-
-
-
-def register_stacks() -> None:
-    """With hang detection on, register this process's stack dump now: the launcher's variables
-    came after this runner started, too late for the hook it puts on PYTHONPATH."""
-    if not os.environ.get("LAUNCHER_STACKS_DIR"):
-        return
-    hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "status", "hook")
-    sys.path.insert(0, hook)
-    try:
-        import _trainer_launcher_stacks  # noqa: F401  (registers on import, never raises)
-    finally:
-        sys.path.remove(hook)
 
 def main(argv: list[str] | None = None) -> None:
     options, rest = parse_options(sys.argv[1:] if argv is None else argv)
@@ -388,14 +292,14 @@ def main(argv: list[str] | None = None) -> None:
     go_fd, joined_fd, report_path = _fd(options, "--go-fd"), _fd(options, "--joined-fd"), options.get("--report")
     if go_fd is None:  # by hand: refuse bad variables before the slow import
         WorkerEnv(dict(os.environ))
-    _fix_sys_path(kind, target)
+    program.set_sys_path(kind, target, os.path.dirname(os.path.realpath(__file__)))
     go_fd = version_gate(go_fd, report_path)  # before the import: an xgboost out of range never loads
 
     import xgboost
     from xgboost import collective, tracker
 
     os.environ.update(wait_for_go(go_fd))
-    register_stacks()
+    program.register_stacks()
     worker = WorkerEnv(dict(os.environ))
     try:
         collective.CommunicatorContext(**worker.args()).__enter__()
@@ -403,17 +307,16 @@ def main(argv: list[str] | None = None) -> None:
         _say(f"task {worker.task_id} could not join the tracker at {worker.tracker_uri}:{worker.tracker_port}: "
              f"{error_line(error)}")
         report(report_path, JOIN_FAILED, f"could not join the tracker: {error_line(error)}", True, worker.task_id)
-        _exit_now(JOIN_FAILED)
+        program.leave(JOIN_FAILED)
     tell_joined(joined_fd, worker.task_id)
     joined = JoinedCollective(worker, collective, tracker, xgboost)
     joined.install()
-    status, error = run_program(kind, target, args)
+    ending = program.run_program(kind, target, args)
     joined.uninstall()
-    if status != 0:
-        text = describe(error)
-        peer_lost = error is not None and bool(PEER_LOSS.search(str(error)))
-        report(report_path, status, text, peer_lost, worker.task_id)
-        _exit_now(status)
+    if ending.status != 0:  # leave without the collective's shutdown: it would wait on peers
+        peer_lost = ending.error is not None and bool(PEER_LOSS.search(str(ending.error)))
+        report(report_path, ending.status, describe(ending.error), peer_lost, worker.task_id)
+        program.leave(ending.status, interrupted=ending.interrupted)
     try:
         collective.finalize()
     except Exception as error:  # noqa: BLE001 - the program's work is done; say it and succeed
@@ -431,7 +334,7 @@ def crashed(error: BaseException) -> None:
     where = crash.crash_site(error)
     report(parse_options(sys.argv[1:])[0].get("--report"), crash.INTERNAL_ERROR,
            crash.describe(error) + (f" at {where}" if where else ""), False, -1, reason=crash.REASON)
-    _exit_now(crash.INTERNAL_ERROR)
+    program.leave(crash.INTERNAL_ERROR)
 
 
 if __name__ == "__main__":
