@@ -125,6 +125,7 @@ class Agent:
         self.control, self.status_fd, self.report, self.job = control, status_fd, report, job
         self.grace = grace
         self.peers = None
+        self.stores: list = []  # torchrun's rendezvous stores, kept until this process exits
         self.workers: list = []
         self.find_workers = lambda: self.workers  # torchrun's ranks, as Popen-like handles
         self._stopping = False  # we SIGTERMed ourselves because a peer failed
@@ -253,6 +254,9 @@ def _run(agent: Agent) -> int:
 
         peers = agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop, _dump_local_stacks)
         compat.publish_final_failures(lambda failures: peers.publish_stop(_stop_record(failures)))
+        # On the node serving the job's store, the server lives as long as torchrun's store
+        # object: held here, until the other nodes are done with it (Peers.conclude).
+        compat.keep_rendezvous_store(agent.stores.append)
         peers.start()
     agent.run(torchrun, plan["args"])
     return 0

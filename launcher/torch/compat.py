@@ -1,7 +1,7 @@
 """torch's private elastic API, each use behind a feature check: the one place the launcher
 reaches into torch internals.
 
-The agent (launcher/torch/agent.py) runs torchrun's own ``main`` and adjusts four of its private
+The agent (launcher/torch/agent.py) runs torchrun's own ``main`` and adjusts five of its private
 pieces. Each hook below looks for what it patches; where a torch lacks it, that feature is off,
 the agent says so once on stderr ("trainer-launcher: torch 2.4.1: ... is off: ..."), and
 everything else runs as it would with plain torchrun. Verified on torch 2.4.1, 2.8.0, 2.13.0 and
@@ -15,6 +15,8 @@ everything else runs as it would with plain torchrun. Verified on torch 2.4.1, 2
 | stop_within_grace        | ``PContext.close``'s timeout; ``_stop_workers``    | a rank ignoring SIGTERM holds the node for      |
 |                          | through ``_shutdown(timeout=)`` (torch 2.5+)       | torchrun's own 30 s                             |
 | terminate_once           | ``api._terminate_process_handler``                 | a second SIGTERM may log a "Logging error"      |
+| keep_rendezvous_store    | ``SimpleElasticAgent._rendezvous`` (the agent's    | the store closes when torchrun returns on its   |
+|                          | ``_store`` after it)                               | node: the others may still be using it          |
 
 Also here, read without importing torch: the installed torchrun's flags (:func:`torchrun_flags`),
 from the source of ``torch/distributed/run.py``, so flags of a newer torchrun pass through and
@@ -194,6 +196,47 @@ def terminate_once() -> bool:
 
     api._terminate_process_handler = once
     return True
+
+
+def keep_rendezvous_store(keep) -> bool:
+    """Call ``keep(store)`` with the store of each rendezvous torchrun's agent joins, so the caller
+    can hold it. On the node serving it, torchrun's TCPStore object owns the server: the server
+    closes the moment that object is freed, which is when ``torchrun.main`` returns on a good run,
+    while the other nodes may still be in the exit barrier or reading the job's outcomes
+    (launcher.torch.peers). Held, it lives until the agent exits."""
+    try:
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    except ImportError as error:
+        feature_off("keeping the job's store up until every node is done with it", str(error))
+        return False
+    rendezvous = getattr(SimpleElasticAgent, "_rendezvous", None)
+    if rendezvous is None:
+        feature_off("keeping the job's store up until every node is done with it",
+                    "SimpleElasticAgent has no _rendezvous; the store may close before the other nodes are done")
+        return False
+
+    def rendezvous_kept(self, *args, **kwargs):
+        result = rendezvous(self, *args, **kwargs)
+        store = getattr(self, "_store", None)
+        if store is not None:
+            keep(store)
+        return result
+
+    SimpleElasticAgent._rendezvous = rendezvous_kept
+    return True
+
+
+def serves_port(port: int) -> bool | None:
+    """Whether this process listens on TCP ``port`` (the node whose torchrun serves the job's
+    store). None when it cannot tell."""
+    try:
+        import psutil
+
+        process = psutil.Process()
+        connections = getattr(process, "net_connections", None) or process.connections  # psutil < 6
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections("tcp"))
+    except Exception:  # noqa: BLE001: psutil missing, /proc unreadable
+        return None
 
 
 def _parameters(function) -> set[str]:

@@ -13,8 +13,13 @@ master address and port, or on the c10d endpoint), every agent:
 - watches for that record and, when a peer wrote it, stops its own ranks;
 - publishes its node's outcome, as its launcher classified it, and reads every node's, so each
   node can name the same root cause;
-- leaves only after every node has published (or ``linger`` seconds passed), so the node hosting
-  the store outlives every node still reading it;
+- ends in one order: every node publishes, waits for every node's outcome (or ``linger``
+  seconds), reads them and, when it is not the store's host, says it is done with the store as
+  its last word to it; the host (the node whose agent serves the store: torchrun's rendezvous
+  made the server there) leaves only once every node that published said so, or ``DONE_WAIT``
+  seconds passed. The host's agent holds torchrun's store object until it exits
+  (compat.keep_rendezvous_store): the server would otherwise close when torchrun returns there,
+  while the others are still in torchrun's exit barrier or here (issue 23);
 - on a hang (launcher.status.monitor), takes its own ranks' Python stacks when any node asks, and
   publishes their top frames: the rank that stopped is often on another node than the one that
   noticed, and only there can its stack be taken before the job is torn down.
@@ -38,12 +43,10 @@ PREFIX = "trainer-launcher/"
 STOP = PREFIX + "stop"
 DEPARTED = PREFIX + "departed"
 ALL_DEPARTED = PREFIX + "all-departed"
-READ = PREFIX + "read"
-ALL_READ = PREFIX + "all-read"
 CONNECT_TIMEOUT = 5.0
 POLL = 0.2  # seconds between looks at the stop record
-# After every node published, how long a node waits for the others to have read the summaries.
-READ_WAIT = 10.0
+# After every node published, how long the store's host waits for the others to be done with it.
+DONE_WAIT = 10.0
 DUMP = PREFIX + "dump-stacks"
 DUMPED = PREFIX + "dumped"
 # How long the node that asked waits for the others' stacks (each takes at most a few seconds).
@@ -56,6 +59,11 @@ def node_key(node_rank: int) -> str:
 
 def stacks_key(node_rank: int) -> str:
     return f"{PREFIX}stacks/{node_rank}"
+
+
+def done_key(node_rank: int) -> str:
+    """Set by a node that is not the store's host as its last word to the store."""
+    return f"{PREFIX}done/{node_rank}"
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,8 @@ class Peers:
         self.stop_record: dict | None = None
         self.failed_at: float | None = None
         self._finished = threading.Event()
+        self._watcher_idle = threading.Event()  # the watcher will not touch the store again
+        self._watcher_idle.set()
         self._store = None  # the main thread's connection (publishing, leaving)
 
     # --- connections -------------------------------------------------------------------------
@@ -123,9 +133,16 @@ class Peers:
     # --- watching ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._watcher_idle.clear()
         threading.Thread(target=self._watch, name="trainer-launcher-peers", daemon=True).start()
 
     def _watch(self) -> None:
+        try:
+            self._watch_store()
+        finally:
+            self._watcher_idle.set()
+
+    def _watch_store(self) -> None:
         store = self._connect(None, self._finished)
         if store is None:
             return
@@ -139,6 +156,7 @@ class Peers:
                     record = json.loads(store.get(STOP))
             except Exception:  # the store's host went away before anyone published a stop record
                 record = {"lost": f"{self.config.host}:{self.config.port}"}
+        self._watcher_idle.set()  # done with the store: conclude may say so for this node
         with self._lock:
             if record is None or self.role is not None or self._finished.is_set():
                 return  # done, or the record is our own
@@ -200,8 +218,10 @@ class Peers:
 
     def conclude(self, outcome: dict | None) -> list[dict]:
         """Publish this node's outcome, wait for every node's, and return them (ours included).
-        Only returns once the others have had the chance to read them, so a node hosting the
-        store never takes it away from a reader. Never raises: a lost peer costs only time."""
+        The end of the job, in one order: a node that is not the store's host says it is done
+        with the store as its last word to it; the host returns only once every node that
+        published said so (or ``DONE_WAIT`` passed), so it never takes the store away from a
+        node still using it. Never raises: a lost peer costs only time."""
         self._finished.set()
         summary = {"nodeRank": self.config.node_rank, "node": self.config.node, "outcome": outcome,
                    "failedAt": self.failed_at}
@@ -216,15 +236,33 @@ class Peers:
                 key = node_key(rank)
                 if store.check([key]):
                     summaries.append(json.loads(store.get(key)))
-            _barrier(store, READ, ALL_READ, self.config.nnodes, READ_WAIT)
-            return summaries
         except Exception:
             return [summary]
+        # The watcher's last look at the store is over at once (it waits on _finished), unless it
+        # is answering a stacks request.
+        self._watcher_idle.wait(DUMP_WAIT + CONNECT_TIMEOUT)
+        others = [s["nodeRank"] for s in summaries if s["nodeRank"] != self.config.node_rank]
+        try:
+            if self.serves_store():
+                if others:
+                    store.wait([done_key(rank) for rank in others], timedelta(seconds=DONE_WAIT))
+            else:
+                store.set(done_key(self.config.node_rank), "1")  # our last word to the store
+        except Exception:
+            pass  # a node published and then vanished: the host waited long enough
+        return summaries
+
+    def serves_store(self) -> bool:
+        """Whether this node's agent serves the job's store (torchrun's rendezvous made the
+        server here: node rank 0 under Trainer, whichever node's address is the endpoint)."""
+        from launcher.torch import compat
+
+        serving = compat.serves_port(self.config.port)
+        return self.config.node_rank == 0 if serving is None else serving
 
 
 def _barrier(store, counter: str, flag: str, count: int, timeout: float) -> None:
-    """Arrive, and wait until ``count`` nodes did or ``timeout`` passed. The last to arrive needs
-    no further round trip, so a host that leaves at once cannot strand it."""
+    """Arrive, and wait until ``count`` nodes did or ``timeout`` passed."""
     if store.add(counter, 1) >= count:
         store.set(flag, "1")
         return
