@@ -199,7 +199,24 @@ STATUS = st.fixed_dictionaries({}, optional={
 })
 
 
+def _recased(draw_case, obj):
+    """``obj`` with its keys in whatever case ``draw_case`` picks: Go's decoder, and so the status
+    server and the relay, match keys without regard to case."""
+    if isinstance(obj, dict):
+        return {draw_case(key): _recased(draw_case, value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [_recased(draw_case, item) for item in obj]
+    return obj
+
+
+@st.composite
+def recased(draw, strategy):
+    return _recased(lambda key: draw(st.sampled_from([key, key.upper(), key.lower(), key.capitalize()])),
+                    draw(strategy))
+
+
 @given(st.one_of(STATUS.map(lambda s: json.dumps({"trainerStatus": s}).encode()),
+                 recased(STATUS.map(lambda s: {"trainerStatus": s})).map(lambda r: json.dumps(r).encode()),
                  JSON_VALUE.map(lambda v: json.dumps(v).encode()),
                  hostile_bytes()))
 @example(b"[" * 5000)
@@ -210,8 +227,9 @@ def test_the_relay_answers_any_body_like_the_status_server_and_keeps_only_valid_
     assert isinstance(document, dict)
     if status == 200:
         request = json.loads(body)
-        if request.get("trainerStatus") is not None:
-            assert intake._invalid(request["trainerStatus"]) is None
+        sent = intake._go_fields(request, ("trainerStatus",)).get("trainerStatus") if isinstance(request, dict) else None
+        if sent is not None:
+            assert intake._invalid(sent) is None
     for observation in relay.take():
         assert observation.percent is None or 0 <= observation.percent <= 100
         assert all(1 <= len(n) <= 64 and 1 <= len(v) <= 64 for n, v in observation.metrics)

@@ -220,6 +220,24 @@ def test_a_post_shaped_like_the_hf_callback_reaches_the_relay(relay):
     assert relay.clients == {"hf-callback"}
 
 
+def test_the_relay_reads_the_keys_in_any_case_as_the_status_server_does(relay):
+    """The status server decodes bodies with Go's encoding/json, which matches keys without
+    regard to case (the exact spelling first): a client writing ``ProgressPercentage`` is heard
+    there, so the relay in between must hear it too, and refuse what the server would refuse."""
+    now = datetime.now(timezone.utc).isoformat()
+    body = {"TrainerStatus": {"LastUpdatedTime": now, "progresspercentage": 40, "ESTIMATEDREMAININGSECONDS": 9,
+                              "Metrics": [{"Name": "loss", "VALUE": "0.25"}], "unknownKey": 1}}
+    code, echo = _post(relay.url, json.dumps(body).encode())
+    assert (code, echo) == (200, body)
+    [seen] = relay.take()
+    assert (seen.percent, seen.eta, seen.metrics) == (40, 9, (("loss", "0.25"),))
+
+    code, status = _post(relay.url, json.dumps({"TRAINERSTATUS": {"lastUpdatedTime": now,
+                                                                   "ProgressPercentage": 150}}).encode())
+    assert (code, status["reason"]) == (422, "Invalid") and "progressPercentage" in status["message"]
+    assert relay.take() == []
+
+
 @pytest.mark.parametrize("body, code, reason", [
     (b"{not json", 422, "Invalid"),
     (b"[1, 2]", 422, "Invalid"),

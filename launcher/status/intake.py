@@ -264,7 +264,7 @@ def _handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
                 request = None
             if not isinstance(request, dict):
                 return self._status(422, "Invalid payload", "Invalid")
-            status = request.get("trainerStatus")
+            status = _go_fields(request, _REQUEST_KEYS).get("trainerStatus")
             if status is None:
                 relay._keep(_client(self.headers.get("User-Agent")), None)
                 return self._json(200, request)
@@ -317,11 +317,44 @@ def _client(user_agent: str | None) -> str:
     return user_agent[:64]
 
 
+# The keys the status server decodes (trainer.UpdateTrainJobStatusRequest and its TrainJob types).
+_REQUEST_KEYS = ("trainerStatus",)
+_STATUS_KEYS = ("progressPercentage", "estimatedRemainingSeconds", "metrics", "lastUpdatedTime")
+_METRIC_KEYS = ("name", "value")
+
+
+def _go_fields(obj: dict, names: tuple[str, ...]) -> dict:
+    """``obj``'s values for ``names`` as Go's encoding/json finds them, which the status server
+    decodes with: a key matches a name without regard to case, the exact spelling first; other
+    keys are ignored."""
+    found = {}
+    for name in names:
+        if name in obj:
+            found[name] = obj[name]
+            continue
+        folded = name.casefold()
+        for key, value in obj.items():
+            if isinstance(key, str) and key.casefold() == folded:
+                found[name] = value
+                break
+    return found
+
+
+def _canonical(status: dict) -> dict:
+    """A trainerStatus with its keys and its metrics' keys spelled as the status server's types spell them."""
+    status = _go_fields(status, _STATUS_KEYS)
+    metrics = status.get("metrics")
+    if isinstance(metrics, list):
+        status["metrics"] = [_go_fields(m, _METRIC_KEYS) if isinstance(m, dict) else m for m in metrics]
+    return status
+
+
 def _invalid(status) -> str | None:
     """Why the status server would refuse this trainerStatus (its decoding, then the TrainJob's
     schema), or None."""
     if not isinstance(status, dict):
         return "Invalid payload"
+    status = _canonical(status)
     for field in ("progressPercentage", "estimatedRemainingSeconds"):
         value = status.get(field)
         if value is not None and not _is_int32(value):
@@ -368,6 +401,7 @@ def _is_rfc3339(text: str) -> bool:
 
 
 def _from_status(status: dict) -> Observation:
+    status = _canonical(status)
     metrics = tuple((m["name"], m["value"]) for m in status.get("metrics") or ())
     values = dict(metrics)
     percent = status.get("progressPercentage")
