@@ -10,7 +10,7 @@ from typing import Callable, Protocol
 
 from launcher.core import settings, workspace
 from launcher.core.outcome import (
-    ConfigError, Outcome, RootCause, classify, code_for, evidence_regex, signal_name, success, terminated,
+    ConfigError, Outcome, RootCause, classify, code_for, evidence_regex, last_lines, signal_name, success, terminated,
 )
 from launcher.core.report import handed_off, run_command
 from launcher.core.settings import HostEnv, LauncherSettings, Override
@@ -103,4 +103,4 @@ def supervise(
             what = f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
     outcome = classify(child.returncode, retryable_codes=launcher.retryable_exit_codes,
                        evidence=child.evidence, root_cause=cause, what=what)
-    return outcome.with_extra(lastLines=list(child.tail)[-5:]) if child.tail else outcome
+    return outcome.with_extra(**last_lines(child.tail))

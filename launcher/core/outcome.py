@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from launcher.core.crash import crash_site, describe
@@ -26,6 +27,7 @@ from launcher.core.reasons import (  # noqa: F401
 )
 # Killed by these, a rank crashed on its own (permanent under the default set), unless its output
 # shows a hardware fault.
+LAST_LINES = 5  # of a failed child's output, in its outcome
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGILL, signal.SIGFPE, signal.SIGBUS})
 
 # Output that marks a failure as a node or network fault rather than a bug in the program.
@@ -256,6 +258,13 @@ def classify(
     else:
         reason = Reasons.SIGNALED if sig else Reasons.FAILED
     return Outcome.of(reason, f"{what} {how}", root_cause, exit_code=code)
+
+
+def last_lines(lines: Iterable[str]) -> dict:
+    """The ``lastLines`` of a failed child's outcome: the last lines it printed, as many as the
+    termination message shows at a glance; nothing when it printed nothing."""
+    last = list(lines)[-LAST_LINES:]
+    return {"lastLines": last} if last else {}
 
 
 def internal_error(error: BaseException | str, where: str | None = None, node: str | None = None) -> Outcome:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from launcher.core.outcome import Reason, Reasons
 from launcher.initializers.engine import CorruptDataError, PermanentError, RemoteFile, TransientError
+
+if TYPE_CHECKING:
+    from launcher.initializers.uri import StorageUri
 
 # S3 error codes (S3's own words: "NotFound" among them) that no retry fixes, and the reason each
 # becomes (any other 4xx but 429 is a permanent StorageError; 429, 5xx and codes without a status

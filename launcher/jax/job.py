@@ -232,7 +232,7 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
     """How this pod's JAX process ended, as a row of the exit-code table that names the process."""
     from launcher.core.job_outcome import stopped_by
     from launcher.core.outcome import (
-        Outcome, Reasons, RootCause, classify, internal_error, signal_name, success, terminated,
+        Outcome, Reasons, RootCause, classify, internal_error, last_lines, signal_name, success, terminated,
     )
 
     node, pid = plan.node, plan.process_id
@@ -244,8 +244,7 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
     cause = RootCause(node=node, rank=pid, exit_code=returncode if returncode > 0 else None,
                       signal=signal_name(-returncode) if returncode < 0 else None)
     what = f"JAX process {pid} on {node}"
-    lines = [line for line in child.tail if not _STACK_FRAME.match(line)][-5:]
-    tail = {"lastLines": lines} if lines else {}
+    tail = last_lines(line for line in child.tail if not _STACK_FRAME.match(line))
     role = report.get("role")
     if role == "victim" and isinstance(report.get("stoppedBy"), dict):
         record = report["stoppedBy"]

@@ -75,9 +75,9 @@ _spec.loader.exec_module(program)
 # Every use of jax's internals, behind feature checks (launcher/jax/compat.py).
 compat = program.load_sibling(__file__, "compat.py", "_trainer_launcher_jax_compat")
 # The runner's own bug told apart from the program's failure (launcher/core/crash.py).
-crash = program.load_sibling(__file__, os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
+crash = program.core("crash")
 # The supported ranges (launcher/core/versions.py), checked before the framework is imported.
-versions = program.load_sibling(__file__, os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
+versions = program.core("versions")
 
 
 def _usage_error(message: str) -> None:

@@ -72,6 +72,12 @@ def load_sibling(anchor: str, relative: str, name: str):
     return module
 
 
+def core(name: str):
+    """The launcher's stdlib-only ``core/<name>.py`` (crash, versions, reasons), loaded by path
+    under ``_trainer_launcher_<name>``."""
+    return load_sibling(__file__, os.path.join(os.pardir, "core", f"{name}.py"), f"_trainer_launcher_{name}")
+
+
 def register_stacks() -> None:
     """With hang detection on, register this process's stack dump now: the launcher's variables
     reached a runner after it started, too late for the hook the launcher puts on PYTHONPATH.

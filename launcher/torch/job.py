@@ -16,8 +16,8 @@ import time
 from typing import TYPE_CHECKING
 
 from launcher.core.outcome import (
-    PEER_LOSS_PATTERN, LauncherError, Outcome, Reasons, RootCause, classify, evidence_regex, internal_error, success,
-    terminated,
+    PEER_LOSS_PATTERN, LauncherError, Outcome, Reasons, RootCause, classify, evidence_regex, internal_error, last_lines,
+    success, terminated,
 )
 from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
 from launcher.core.supervisor import Child, Interrupted, Supervisor
@@ -260,7 +260,7 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
         return terminated(supervisor.received_signal).on_node(node)
     if returncode == 0:
         return success()
-    tail = {"lastLines": list(agent.tail)[-5:]} if agent.tail else {}
+    tail = last_lines(agent.tail)
     if "failures" in report:
         root = next(f for f in report["failures"] if f["rank"] == report["rootRank"])
         cause = RootCause(node=node, rank=root["rank"], local_rank=root["localRank"],

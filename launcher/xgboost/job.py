@@ -486,7 +486,7 @@ class _Pod:
 
     def _judge(self) -> Outcome:
         """This pod's own outcome, from what has happened so far."""
-        from launcher.core.outcome import RootCause, classify, success, terminated
+        from launcher.core.outcome import RootCause, classify, last_lines, success, terminated
 
         supervisor, node = self.supervisor, self.plan.node
         if self.monitor is not None and self.monitor.hang is not None:
@@ -502,11 +502,12 @@ class _Pod:
         if first is self.tracker or first is self.early_tracker:
             outcome = classify(first.returncode, retryable_codes=codes, evidence=first.evidence,
                                root_cause=RootCause(node=node), what=f"the XGBoost tracker on {node}")
-            return _with_tail(outcome, first)
+            return outcome.with_extra(**last_lines(first.tail))
         spawned = self._root_worker(first)
         if spawned is None:  # a runner the plan had sent away: it failed before its go word
-            return _with_tail(classify(first.returncode, retryable_codes=codes, evidence=first.evidence,
-                                       what=f"the XGBoost worker started early on {node}"), first).on_node(node)
+            early = classify(first.returncode, retryable_codes=codes, evidence=first.evidence,
+                             what=f"the XGBoost worker started early on {node}")
+            return early.with_extra(**last_lines(first.tail)).on_node(node)
         return self._worker_outcome(spawned)
 
     def _root_worker(self, first: Child) -> _Spawned | None:
@@ -527,7 +528,7 @@ class _Pod:
         return bool(runner_module.PEER_LOSS.search("\n".join(spawned.child.tail)))
 
     def _worker_outcome(self, spawned: _Spawned) -> Outcome:
-        from launcher.core.outcome import Outcome, Reasons, RootCause, classify, internal_error, signal_name
+        from launcher.core.outcome import Outcome, Reasons, RootCause, classify, internal_error, last_lines, signal_name
 
         child, worker, node = spawned.child, spawned.worker, self.plan.node
         returncode = child.returncode
@@ -555,7 +556,7 @@ class _Pod:
                                evidence=child.evidence, root_cause=cause, what=what)
         if report.get("error"):
             outcome = outcome.with_extra(error=report["error"])
-        return _with_tail(outcome, child)
+        return outcome.with_extra(**last_lines(child.tail))
 
 
 def allowed_env(launcher: LauncherSettings) -> dict[str, str]:
@@ -566,10 +567,6 @@ def allowed_env(launcher: LauncherSettings) -> dict[str, str]:
 def _peer_loss_line(child: Child) -> str:
     return next((line.strip() for line in reversed(child.tail) if runner_module.PEER_LOSS.search(line)),
                 "the collective's connection failed")
-
-
-def _with_tail(outcome: Outcome, child: Child) -> Outcome:
-    return outcome.with_extra(lastLines=list(child.tail)[-5:]) if child.tail else outcome
 
 
 def _read_report(path: str) -> dict | None:

@@ -71,11 +71,11 @@ _spec.loader.exec_module(program)
 # Every use of xgboost's internals, behind feature checks (launcher/xgboost/compat.py).
 compat = program.load_sibling(__file__, "compat.py", "_trainer_launcher_xgboost_compat")
 # The runner's own bug told apart from the program's failure (launcher/core/crash.py).
-crash = program.load_sibling(__file__, os.path.join(os.pardir, "core", "crash.py"), "_trainer_launcher_crash")
+crash = program.core("crash")
 # The supported ranges (launcher/core/versions.py), checked before the framework is imported.
-versions = program.load_sibling(__file__, os.path.join(os.pardir, "core", "versions.py"), "_trainer_launcher_versions")
+versions = program.core("versions")
 # The table of reasons (launcher/core/reasons.py): the report's reason for an xgboost out of range.
-reasons = program.load_sibling(__file__, os.path.join(os.pardir, "core", "reasons.py"), "_trainer_launcher_reasons")
+reasons = program.core("reasons")
 UNSUPPORTED = reasons.Reasons.UNSUPPORTED_VERSION
 
 
