@@ -221,6 +221,11 @@ class LauncherSettings(Settings):
     progress_file: Annotated[str | None, NoDecode, parsed(parse_output_path)] = _knob("progress_file", None)
     status_report: Annotated[str, NoDecode, parsed(parse_choice("auto", "off"))] = _knob("status_report", "auto")
 
+    def plan_json(self) -> dict:
+        """The ``launcher`` block of a job's ``plan``: the knobs that decide how it waits, stops and ends."""
+        return {"rendezvousTimeout": self.rendezvous_timeout, "gracePeriod": self.grace_period,
+                "retryableExitCodes": sorted(self.retryable_exit_codes), "logFormat": self.log_format}
+
 
 class HostEnv(Settings):
     """Variables about this host that planning needs (never validated strictly: they are facts)."""

@@ -31,10 +31,7 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
 
     def build(launcher) -> dict:
         jax_plan = make_plan(jax_overrides, rest, launcher, require_program=False)
-        return {**jax_plan.to_json(), "launcher": {
-            "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
-            "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
-        }}
+        return {**jax_plan.to_json(), "launcher": launcher.plan_json()}
 
     return print_plan(overrides, build)
 

@@ -43,10 +43,7 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
 
     def build(launcher, words: list[str] = rest) -> dict:
         torch_plan, _ = make_plan(words, require_program=False, launcher=launcher)
-        return {**torch_plan.to_json(), "launcher": {
-            "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
-            "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
-        }}
+        return {**torch_plan.to_json(), "launcher": launcher.plan_json()}
 
     if args.tune:
         from launcher.torch import tune

@@ -31,10 +31,7 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
 
     def build(launcher) -> dict:
         xgboost_plan = make_plan(xgboost_overrides, rest, require_program=False)
-        return {**xgboost_plan.to_json(), "launcher": {
-            "rendezvousTimeout": launcher.rendezvous_timeout, "gracePeriod": launcher.grace_period,
-            "retryableExitCodes": sorted(launcher.retryable_exit_codes), "logFormat": launcher.log_format,
-        }}
+        return {**xgboost_plan.to_json(), "launcher": launcher.plan_json()}
 
     return print_plan(overrides, build)
 
