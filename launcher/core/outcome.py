@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from launcher.core.crash import crash_site, describe
 # The codes, the retryable set and its one decision live with the table; importable from here too.
 from launcher.core.reasons import (  # noqa: F401
-    COMMAND_NOT_FOUND, CONFIG_ERROR, DEFAULT_RETRYABLE_EXIT_CODES, INTERNAL_ERROR, NOT_EXECUTABLE, SUCCESS,
-    TRANSIENT, Reason, Reasons, is_retryable,
+    COMMAND_NOT_FOUND, CONFIG_ERROR, DEFAULT_RETRYABLE_EXIT_CODES, INTERNAL_ERROR, NOT_EXECUTABLE, PEER_LOSS_WORDS,
+    SUCCESS, TRANSIENT, Reason, Reasons, is_retryable,
 )
 # Killed by these, a rank crashed on its own (permanent under the default set), unless its output
 # shows a hardware fault.
@@ -47,9 +47,7 @@ NODE_FAULT_PATTERNS: tuple[str, ...] = (
     r"RendezvousTimeoutError|RendezvousConnectionError",
 )
 # The subset that says a peer went away: on their own they point at someone else's failure.
-PEER_LOSS_PATTERN = re.compile(
-    r"[Cc]onnection (?:reset|closed) by peer|remote process exited|ncclRemoteError"
-)
+PEER_LOSS_PATTERN = re.compile(rf"{PEER_LOSS_WORDS}|ncclRemoteError")
 
 
 def evidence_regex(extra: str | None = None) -> re.Pattern[str]:

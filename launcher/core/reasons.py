@@ -34,6 +34,11 @@ TRANSIENT = 138
 
 DEFAULT_RETRYABLE_EXIT_CODES: frozenset[int] = frozenset({130, 137, 138, 143})
 
+# What every collective library's TCP transport says when the other end went away: a process that
+# failed because of it was stopped by a peer (PeerFailed, PeerLost), it is not the root cause. Each
+# framework adds its own library's words (core.outcome, the runners); this part is spelled once.
+PEER_LOSS_WORDS = r"[Cc]onnection (?:reset|closed) by peer|remote process exited"
+
 
 def is_retryable(exit_code: int, retryable_codes: frozenset[int]) -> bool:
     """The one decision: Kubernetes sees only the exit code, and the runtimes' podFailurePolicy

@@ -56,8 +56,6 @@ LINGER = 5.0  # process 0: how long it keeps the store up for the others to read
 PEER_WAIT = 2.0  # a process that lost a peer: how long it looks for that peer's stop record
 FINISH_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # JAX's heartbeats end a barrier that a dead peer never joins
 INIT_FAILED = 138  # the launcher's transient exit code: a coordinator that could not be joined
-# The errors of a collective whose peer went away (gloo's TCP pairs); like launcher.core.outcome's.
-PEER_LOSS = re.compile(r"[Cc]onnection (?:reset|closed) by peer|remote process exited|Socket closed")
 
 
 def _say(message: str) -> None:
@@ -78,6 +76,8 @@ compat = program.load_sibling(__file__, "compat.py", "_trainer_launcher_jax_comp
 crash = program.core("crash")
 # The supported ranges (launcher/core/versions.py), checked before the framework is imported.
 versions = program.core("versions")
+# The errors of a collective whose peer went away (gloo's TCP pairs), in the table of reasons' words.
+PEER_LOSS = re.compile(rf"{program.core('reasons').PEER_LOSS_WORDS}|Socket closed")
 
 
 def _usage_error(message: str) -> None:

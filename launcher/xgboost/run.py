@@ -50,11 +50,6 @@ OPTIONS = ("--go-fd", "--joined-fd", "--report")
 GO_WORD = b"go\n"
 JOIN_FAILED = 138  # the launcher's transient exit code: a tracker that could not be joined
 ERROR_LIMIT = 1000
-# What xgboost's collective says when the other end of a connection went away: a worker that died
-# (or was torn down) elsewhere, or the tracker.
-PEER_LOSS = re.compile(
-    r"The other end is likely closed|[Cc]onnection (?:reset|closed) by peer|Ring (?:Allreduce|scatter reduce|"
-    r"allgather) failed|Failed to connect to the tracker|Broken pipe|Socket closed")
 # "- [allreduce.cc:135|14:36:09]: Ring Allreduce failed.": one cause of an XGBoostError.
 _XGBOOST_CAUSE = re.compile(r"^\s*-\s*\[[^\]]*\]:\s*(.*?)\s*$")
 _TIME_STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\]\s*")
@@ -77,6 +72,11 @@ versions = program.core("versions")
 # The table of reasons (launcher/core/reasons.py): the report's reason for an xgboost out of range.
 reasons = program.core("reasons")
 UNSUPPORTED = reasons.Reasons.UNSUPPORTED_VERSION
+# What xgboost's collective says when the other end of a connection went away: a worker that died
+# (or was torn down) elsewhere, or the tracker; beside the words every library's transport says.
+PEER_LOSS = re.compile(rf"{reasons.PEER_LOSS_WORDS}|The other end is likely closed|"
+                       r"Ring (?:Allreduce|scatter reduce|allgather) failed|Failed to connect to the tracker|"
+                       r"Broken pipe|Socket closed")
 
 
 def _say(message: str) -> None:
