@@ -130,10 +130,11 @@ def with_private_names(tmp_path: Path, argv: list[str]) -> tuple[list[str], Path
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _ENTER_PRIVATE_NAMES, str(hosts), str(resolv), *argv], hosts
 
 
-# Built images (buildah) and the podman engine and network, as fixtures.
-from image_fixtures import engine, mpi_image, net, torch_image  # noqa: E402,F401
-# Real S3 (moto server), Hub and fault-proxy servers, as fixtures.
-from storage_servers import fault_proxy, hub_server, s3_server, s3_server_auth  # noqa: E402,F401
-# The Trainer status server stand-in (tests/status_server.py), as a fixture.
-from status_fixtures import status_certs, status_server  # noqa: E402,F401
-import fuzz  # noqa: E402,F401: the property-based tests' profiles (LAUNCHER_FUZZ), loaded for every test file
+pytest_plugins = [
+    "image_fixtures",  # built images (buildah), the podman engine and network
+    "storage_servers",  # real S3 (moto server), hub and fault-proxy servers
+    "status_fixtures",  # the Trainer status server stand-in (tests/status_server.py)
+    "fuzz",  # the property-based tests' profiles (LAUNCHER_FUZZ)
+    "tiers",  # unit, integration, system: each test marked, a unit test refused a process
+    "cli_fixture",  # the CLI in the test's own process, for the bad-input tables
+]

@@ -1,9 +1,11 @@
 """Malformed environment and flags, through the real CLI.
 
-Every case runs ``python -m launcher ...`` as a subprocess with a clean environment (no PET_*,
-LAUNCHER_* or JOB_COMPLETION_INDEX from the caller) plus the case's own variables, and checks what
-a user sees in the pod log: exit code 2, exactly one line on stderr that names the variable or flag
-and repeats the bad value, nothing on stdout, and no Python traceback.
+Every case runs the command line (``trainer-launcher ...`` in this process, tests/cli_fixture.py, or
+``python -m launcher ...`` for the subcommands that start processes before they validate) with a
+clean environment (no PET_*, LAUNCHER_* or JOB_COMPLETION_INDEX from the caller) plus the case's
+own variables, and checks what a user sees in the pod log: exit code 2, exactly one line on stderr
+that names the variable or flag and repeats the bad value, nothing on stdout, and no Python
+traceback.
 
 The "program" in each case is a script that leaves a marker file when it runs, so the cases that
 go through ``torch``, ``exec`` and ``local`` also prove that validation failed before anything ran.
@@ -220,17 +222,34 @@ def marker_script(tmp_path: Path) -> tuple[str, Path]:
 
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_bad_input_exits_2_with_one_line_naming_it(case: Case, marker_script):
+# torch starts its agent before it validates (importing torch overlaps the validation), local its
+# nodes: their cases run the CLI as a process of its own; the rest in the test's process.
+STARTS_FIRST = ("torch", "local")
+IN_PROCESS = [case for case in CASES if case.args[0] not in STARTS_FIRST]
+AS_PROCESS = [case for case in CASES if case.args[0] in STARTS_FIRST]
+
+
+def check_refused(case: Case, marker_script: tuple[str, Path], run) -> None:
     if case.needs_no_gpu and gpu_devices() > 0:
         pytest.skip("this machine has GPUs")
     script, marker = marker_script
     args = [script if arg == SCRIPT else arg for arg in case.args]
 
-    result = launcher(args, case.env)
+    result = run(args, case.env)
 
     assert_one_line_naming(result, case.names, case.value)
     assert not marker.exists(), "the program ran although the input was invalid"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("case", IN_PROCESS, ids=[case.id for case in IN_PROCESS])
+def test_bad_input_exits_2_with_one_line_naming_it(case: Case, marker_script, cli):
+    check_refused(case, marker_script, cli)
+
+
+@pytest.mark.parametrize("case", AS_PROCESS, ids=[case.id for case in AS_PROCESS])
+def test_bad_input_to_a_command_that_starts_processes_first_exits_2_with_one_line_naming_it(case: Case, marker_script):
+    check_refused(case, marker_script, launcher)
 
 
 def test_there_are_at_least_45_cases():

@@ -1,7 +1,8 @@
 """Malformed JAX input, through the real CLI.
 
-Each case runs ``python -m launcher plan --framework jax ...`` (or ``jax``, or ``local --framework
-jax``) as a subprocess with only the case's JAX_* variables (none from the caller), and checks
+Each case runs ``trainer-launcher plan --framework jax ...`` in this process, or ``jax`` and ``local
+--framework jax`` as a process of their own, with only the case's JAX_* variables (none from the
+caller), and checks
 what a user sees in the pod log: exit code 2, exactly one line on stderr naming the variable or
 flag and repeating the bad value, nothing on stdout, no traceback. ``jax`` cases must also start
 nothing: the program they name would leave a file behind.
@@ -100,16 +101,30 @@ def launcher(args: tuple[str, ...], extra: dict[str, str], started: Path) -> sub
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_bad_jax_input_exits_2_with_one_line_naming_it(case: Case, tmp_path: Path):
-    started = tmp_path / "started"
+# ``plan`` starts nothing: its cases run the CLI in this process (tests/cli_fixture.py); the
+# subcommands that start the framework's runner or the nodes before they validate, as a process.
+IN_PROCESS = [case for case in CASES if case.args[0] == "plan"]
+AS_PROCESS = [case for case in CASES if case.args[0] != "plan"]
 
-    result = launcher(case.args, case.env, started)
 
+def check_refused(case: Case, result: subprocess.CompletedProcess, started: Path) -> None:
     line = assert_one_line_naming(result, case.names, case.value)
     if case.unset:
         assert "unset" in line, line
     assert not started.exists(), "nothing may start on bad input"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("case", IN_PROCESS, ids=[case.id for case in IN_PROCESS])
+def test_bad_jax_input_exits_2_with_one_line_naming_it(case: Case, tmp_path: Path, cli):
+    started = tmp_path / "started"
+    check_refused(case, cli([a.replace("{started}", str(started)) for a in case.args], case.env), started)
+
+
+@pytest.mark.parametrize("case", AS_PROCESS, ids=[case.id for case in AS_PROCESS])
+def test_bad_jax_input_to_a_command_that_starts_processes_first_exits_2_with_one_line_naming_it(case: Case, tmp_path: Path):
+    started = tmp_path / "started"
+    check_refused(case, launcher(case.args, case.env, started), started)
 
 
 def test_the_line_says_what_was_expected():
