@@ -14,7 +14,7 @@ from types import ModuleType
 
 from launcher import __version__
 from launcher.core.knobs import KNOBS, Knob, given
-from launcher.frameworks import DEFAULT, FRAMEWORKS
+from launcher.frameworks import DEFAULT, FRAMEWORKS, plugged_in
 from launcher.initializers.knobs import INIT_KNOBS
 from launcher.smoke.knobs import NODE_KNOBS
 
@@ -25,9 +25,31 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def frameworks() -> dict[str, ModuleType]:
-    """Each framework's command module, by name, in the registry's order."""
-    return {framework.name: importlib.import_module(framework.command) for framework in FRAMEWORKS}
+# The subcommands that are not a framework's.
+_OWN_COMMANDS = ("plan", "exec", "local", "smoke", "init", "policy")
+
+
+def frameworks(plugins: bool = True) -> dict[str, ModuleType]:
+    """Each framework's command module, by name, in the registry's order; the plugged-in
+    frameworks' too (launcher.frameworks.plugged_in) unless ``plugins`` is False."""
+    registered = FRAMEWORKS + (plugged_in() if plugins else ())
+    return {framework.name: importlib.import_module(framework.command) for framework in registered}
+
+
+def may_name_a_plugin(argv: list[str]) -> bool:
+    """Whether this command line may name a plugged-in framework: its subcommand, its
+    ``--framework``, or help that lists them. The launcher's own subcommands with its own
+    frameworks never pay for reading the installed distributions."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    own = {framework.name for framework in FRAMEWORKS}
+    if not head or head[0] not in (*own, *_OWN_COMMANDS) or {"-h", "--help"} & set(head):
+        return True
+    for i, word in enumerate(head):
+        if word.startswith("--framework="):
+            return word.partition("=")[2] not in own
+        if word == "--framework":
+            return head[i + 1:i + 2] != [] and head[i + 1] not in own
+    return False
 
 
 def _add_table(parser: argparse.ArgumentParser, title: str, table: dict[str, Knob], prefix: str = "") -> None:
@@ -172,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    commands = frameworks()
+    commands = frameworks(plugins=may_name_a_plugin(argv))
     parser = _parser(commands)
     head, rest = _split(argv, _switches(parser))
     args = parser.parse_args(head)

@@ -19,7 +19,13 @@ which the runners load by path.
 
 from __future__ import annotations
 
+import functools
+import sys
 from typing import NamedTuple
+
+# Where a framework that is not the launcher's own registers: an entry point in this group, named
+# as its subcommand, pointing at its Framework entry (``[project.entry-points."trainer_launcher.frameworks"]``).
+ENTRY_POINTS = "trainer_launcher.frameworks"
 
 
 # A NamedTuple, not a dataclass: the CLI reads this table at every start, and dataclasses would
@@ -33,10 +39,13 @@ class Framework(NamedTuple):
     # ``key=value`` details are no metrics of the program's.
     library_lines: tuple[str, ...] = ()
 
+    # Its command module, where it is not ``launcher.<name>.command`` (a framework of its own package).
+    module: str = ""
+
     @property
     def command(self) -> str:
         """Its command module: how the CLI reaches the package."""
-        return f"launcher.{self.name}.command"
+        return self.module or f"launcher.{self.name}.command"
 
 
 FRAMEWORKS: tuple[Framework, ...] = (
@@ -49,3 +58,38 @@ FRAMEWORKS: tuple[Framework, ...] = (
 # What ``plan`` and ``local`` run without ``--framework``, and whose pod variables the
 # preflight checks (the controller's torch policy is the default runtime's).
 DEFAULT = "torch"
+
+
+@functools.lru_cache(maxsize=1)
+def plugged_in() -> tuple[Framework, ...]:
+    """The frameworks other packages register (:data:`ENTRY_POINTS`), in name order. One that
+    cannot be loaded, is no Framework, or takes a name already taken is left out with one line
+    on stderr: another package's bug must not stop the launcher. Reading the installed
+    distributions costs milliseconds, so the CLI asks only when a command line may name one."""
+    from importlib import metadata
+
+    found: dict[str, Framework] = {}
+    taken = {framework.name for framework in FRAMEWORKS}
+    for entry in sorted(metadata.entry_points(group=ENTRY_POINTS), key=lambda e: e.name):
+        try:
+            framework = entry.load()
+        except Exception as error:  # noqa: BLE001 - whatever the plug-in's import raised
+            _skip(entry.value, f"it cannot be loaded: {type(error).__name__}: {error}")
+            continue
+        if not isinstance(framework, Framework) or framework.name != entry.name:
+            _skip(entry.value, f"expected a launcher.frameworks.Framework named {entry.name!r}")
+        elif framework.name in taken or framework.name in found:
+            _skip(entry.value, f"the name {framework.name!r} is taken")
+        else:
+            found[framework.name] = framework
+    return tuple(found.values())
+
+
+def every() -> tuple[Framework, ...]:
+    """The launcher's frameworks, then the plugged-in ones."""
+    return FRAMEWORKS + plugged_in()
+
+
+def _skip(where: str, why: str) -> None:
+    print(f"trainer-launcher: warning: framework plug-in {ENTRY_POINTS}={where} left out: {why}",
+          file=sys.stderr, flush=True)

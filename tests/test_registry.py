@@ -181,3 +181,23 @@ def test_without_a_watch_nothing_is_watched():
     from launcher.core.exec_job import supervise
 
     assert supervise(_launcher_settings(), ["sh", "-c", "exit 3"]).exit_code == 3
+
+
+@pytest.mark.parametrize("argv, scans", [
+    (["torch", "--", "train.py"], False),
+    (["plan", "--framework", "mpi", "--", "python", "t.py"], False),
+    (["plan", "--framework=jax"], False),
+    (["local", "--nnodes", "2", "--", "train.py"], False),
+    (["exec", "--", "sh", "-c", "--help"], False),  # words after -- are the command's
+    (["testfw", "--", "train.py"], True),
+    (["plan", "--framework", "testfw"], True),
+    (["plan", "--framework=testfw"], True),
+    (["torch", "--help"], True),
+    ([], True),
+])
+def test_only_a_command_line_that_may_name_a_plug_in_pays_for_reading_the_installed_distributions(argv, scans):
+    assert cli.may_name_a_plugin(argv) is scans
+
+
+def test_the_launchers_own_frameworks_are_all_there_is_without_plug_ins():
+    assert list(cli.frameworks(plugins=False)) == [framework.name for framework in frameworks.FRAMEWORKS]

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from launcher.frameworks import FRAMEWORKS
+from launcher.frameworks import every as frameworks
 
 if TYPE_CHECKING:
     from launcher.status.stacks import RankStacks
@@ -34,7 +34,7 @@ _TOGETHER = 1.0
 # A frame inside a collective: one of any framework's library (whatever the job's own framework:
 # mpirun runs programs of the others too), or a function named as a collective is.
 _COLLECTIVE = re.compile("|".join(
-    [*(frame for framework in FRAMEWORKS for frame in framework.collective_frames),
+    [*(frame for framework in frameworks() for frame in framework.collective_frames),
      r"in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter|Barrier|Allreduce|Bcast)\b"]))
 # A source line that calls one, for collectives no Python frame shows (mpi4py's are compiled).
 _CALLS_COLLECTIVE = re.compile(r"\.(?:all_?reduce|Allreduce|[Bb]arrier|[Bb]cast|broadcast|all_?gather|Allgather|"

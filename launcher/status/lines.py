@@ -20,7 +20,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from launcher.frameworks import FRAMEWORKS
+from launcher.frameworks import every as frameworks
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ _ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 # NCCL's `NCCL INFO`/`WARN`, the frameworks' own (launcher.frameworks), argparse's Namespace echo.
 # Plain substring tests first: they cost tens of nanoseconds, a regex alternation microseconds.
 _LIBRARY_MARKS = ("NCCL INFO", "NCCL WARN", "NCCL TRACE",
-                  *(mark for framework in FRAMEWORKS for mark in framework.library_lines), "Namespace(")
+                  *(mark for framework in frameworks() for mark in framework.library_lines), "Namespace(")
 _GLOG = re.compile(r"(?:\[[\w.-]{1,32}\]:)?\[?[IWEF]\d{4} \d\d:\d\d:\d\d")
 # tqdm's default bar: `{l_bar}{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}]`.
 _TQDM = re.compile(r"(?P<desc>.*?)\s*\d{1,3}%\|.*?\|\s*(?P<n>\d+)/(?P<total>\d+) \[[\d:]+<")
