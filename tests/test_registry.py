@@ -1,14 +1,19 @@
 """The CLI reaches every framework through the registry (launcher/frameworks.py), and core's
-interfaces (a job's watch, the delivery observers) are what the layers above plug into. In-process."""
+interfaces (a job's watch, the delivery observers) are what the layers above plug into. In-process,
+but for ``supervise``, which runs in a process of its own."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import clean_env
 from launcher import cli, frameworks
 from launcher.core import report
 from launcher.core.outcome import Outcome, classify
@@ -135,52 +140,64 @@ def test_every_delivery_observer_is_told_redacted_even_when_one_forgets_itself(t
     assert token not in told[0][1] and told[0][2] == frozenset({138})
 
 
-class _Watch:
-    """A stand-in for the status monitor, through core's JobWatch interface."""
+# core's supervise with a stand-in for the status monitor (core's JobWatch interface), in a process
+# of its own: the supervisor is a PID 1 at heart and tears down every process below the one it runs
+# in, which in pytest's own process would be the session's servers (moto, the hub stand-in).
+SUPERVISE = """
+import json, sys
+from launcher.core.exec_job import supervise
+from launcher.core.outcome import classify
+from launcher.core.settings import LauncherSettings, load
 
-    def __init__(self, hang: Outcome | None = None):
+
+class Watch:
+    def __init__(self, hang=None):
         self.hang, self.nodes, self.finished = hang, [], False
 
-    def rank_env(self) -> dict[str, str]:
+    def rank_env(self):
         return {"WATCHED_BY": "test"}
 
-    def done(self) -> None:
+    def done(self):
         self.finished = True
 
 
-def _launcher_settings():
-    from launcher.core.settings import LauncherSettings, load
-
-    return load(LauncherSettings)
+command, how = json.loads(sys.argv[1]), sys.argv[2]
+watch = Watch(classify(138, what="the stand-in for a hang") if how == "hang" else None)
 
 
-def test_supervise_gives_the_command_the_watchs_variables_and_stops_it_after(tmp_path, monkeypatch):
-    from launcher.core.exec_job import supervise
+def start(supervisor, node):
+    watch.nodes.append(node)
+    return watch
 
-    monkeypatch.setenv("HOSTNAME", "node-a")
-    watch = _Watch()
 
-    def start(supervisor, node):
-        watch.nodes.append(node)
-        return watch
+outcome = supervise(load(LauncherSettings), command, watch=None if how == "unwatched" else start)
+print(json.dumps({"exitCode": outcome.exit_code, "theHang": outcome is watch.hang, "nodes": watch.nodes,
+                  "finished": watch.finished}))
+"""
 
+
+def supervised(command: list[str], how: str, **env: str) -> dict:
+    result = subprocess.run([sys.executable, "-c", SUPERVISE, json.dumps(command), how], capture_output=True,
+                            text=True, timeout=120, env=clean_env(**env))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_supervise_gives_the_command_the_watchs_variables_and_stops_it_after(tmp_path):
     seen = tmp_path / "seen"
-    outcome = supervise(_launcher_settings(), ["sh", "-c", f'echo "$WATCHED_BY" > {seen}'], watch=start)
-    assert (outcome.exit_code, seen.read_text(), watch.nodes, watch.finished) == (0, "test\n", ["node-a"], True)
+    ran = supervised(["sh", "-c", f'echo "$WATCHED_BY" > {seen}'], "watched", HOSTNAME="node-a")
+    assert (ran["exitCode"], ran["nodes"], ran["finished"]) == (0, ["node-a"], True)
+    assert seen.read_text() == "test\n"
 
 
-def test_a_hang_the_watch_found_is_the_outcome(monkeypatch):
-    from launcher.core.exec_job import supervise
-
-    hang = classify(138, what="the stand-in for a hang")  # any outcome: it must come back as it is
-    outcome = supervise(_launcher_settings(), ["sh", "-c", "exit 143"], watch=lambda supervisor, node: _Watch(hang))
-    assert outcome is hang
+def test_a_hang_the_watch_found_is_the_outcome():
+    ran = supervised(["sh", "-c", "exit 143"], "hang")  # any outcome: it must come back as it is
+    assert ran["theHang"] is True and ran["exitCode"] == 138
 
 
 def test_without_a_watch_nothing_is_watched():
-    from launcher.core.exec_job import supervise
-
-    assert supervise(_launcher_settings(), ["sh", "-c", "exit 3"]).exit_code == 3
+    ran = supervised(["sh", "-c", "exit 3"], "unwatched")
+    assert (ran["exitCode"], ran["nodes"]) == (3, [])
 
 
 @pytest.mark.parametrize("argv, scans", [
