@@ -1,6 +1,6 @@
 """The CLI reaches every framework through the registry (launcher/frameworks.py), and core's
 interfaces (a job's watch, the delivery observers) are what the layers above plug into. In-process,
-but for ``supervise``, which runs in a process of its own."""
+but for the lifecycle, which runs in a process of its own."""
 
 from __future__ import annotations
 
@@ -140,19 +140,20 @@ def test_every_delivery_observer_is_told_redacted_even_when_one_forgets_itself(t
     assert token not in told[0][1] and told[0][2] == frozenset({138})
 
 
-# core's supervise with a stand-in for the status monitor (core's JobWatch interface), in a process
-# of its own: the supervisor is a PID 1 at heart and tears down every process below the one it runs
-# in, which in pytest's own process would be the session's servers (moto, the hub stand-in).
-SUPERVISE = """
+# core's lifecycle for one command (exec's command pod) with a stand-in for the status watch (core's
+# JobWatch interface), in a process of its own: the supervisor is a PID 1 at heart and tears down
+# every process below the one it runs in, which in pytest's own process would be the session's
+# servers (moto, the hub stand-in).
+LIVE = """
 import json, sys
-from launcher.core.exec_job import supervise
+from launcher.core import lifecycle
+from launcher.core.exec_job import CommandPod
 from launcher.core.outcome import classify
-from launcher.core.settings import LauncherSettings, load
 
 
 class Watch:
     def __init__(self, hang=None):
-        self.hang, self.nodes, self.finished = hang, [], False
+        self.hang, self.nodes, self.finished, self.closed = hang, [], False, False
 
     def rank_env(self):
         return {"WATCHED_BY": "test"}
@@ -160,43 +161,45 @@ class Watch:
     def done(self):
         self.finished = True
 
+    def close(self):
+        self.closed = True
+
 
 command, how = json.loads(sys.argv[1]), sys.argv[2]
 watch = Watch(classify(138, what="the stand-in for a hang") if how == "hang" else None)
 
 
-def start(supervisor, node):
-    watch.nodes.append(node)
+def start(life):
+    watch.nodes.append(life.node)
     return watch
 
 
-outcome = supervise(load(LauncherSettings), command, watch=None if how == "unwatched" else start)
-print(json.dumps({"exitCode": outcome.exit_code, "theHang": outcome is watch.hang, "nodes": watch.nodes,
-                  "finished": watch.finished}))
+code = lifecycle.live(CommandPod(command), {}, None if how == "unwatched" else start)
+print(json.dumps({"exitCode": code, "nodes": watch.nodes, "finished": watch.finished, "closed": watch.closed}))
 """
 
 
-def supervised(command: list[str], how: str, **env: str) -> dict:
-    result = subprocess.run([sys.executable, "-c", SUPERVISE, json.dumps(command), how], capture_output=True,
+def supervised(command: list[str], how: str, **env: str) -> tuple[dict, str]:
+    result = subprocess.run([sys.executable, "-c", LIVE, json.dumps(command), how], capture_output=True,
                             text=True, timeout=120, env=clean_env(**env))
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1])
+    return json.loads(result.stdout.splitlines()[-1]), result.stderr
 
 
-def test_supervise_gives_the_command_the_watchs_variables_and_stops_it_after(tmp_path):
+def test_the_lifecycle_gives_the_command_the_watchs_variables_and_stops_and_closes_the_watch_after(tmp_path):
     seen = tmp_path / "seen"
-    ran = supervised(["sh", "-c", f'echo "$WATCHED_BY" > {seen}'], "watched", HOSTNAME="node-a")
-    assert (ran["exitCode"], ran["nodes"], ran["finished"]) == (0, ["node-a"], True)
+    ran, _ = supervised(["sh", "-c", f'echo "$WATCHED_BY" > {seen}'], "watched", HOSTNAME="node-a")
+    assert (ran["exitCode"], ran["nodes"], ran["finished"], ran["closed"]) == (0, ["node-a"], True, True)
     assert seen.read_text() == "test\n"
 
 
 def test_a_hang_the_watch_found_is_the_outcome():
-    ran = supervised(["sh", "-c", "exit 143"], "hang")  # any outcome: it must come back as it is
-    assert ran["theHang"] is True and ran["exitCode"] == 138
+    ran, said = supervised(["sh", "-c", "exit 143"], "hang")  # its own exit would be 143
+    assert ran["exitCode"] == 138 and "the stand-in for a hang" in said
 
 
 def test_without_a_watch_nothing_is_watched():
-    ran = supervised(["sh", "-c", "exit 3"], "unwatched")
+    ran, _ = supervised(["sh", "-c", "exit 3"], "unwatched")
     assert (ran["exitCode"], ran["nodes"]) == (3, [])
 
 

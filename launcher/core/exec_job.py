@@ -1,106 +1,79 @@
-"""``trainer-launcher exec -- CMD``: the same supervision and outcome for any command."""
+"""``trainer-launcher exec -- CMD``: the pod's life (launcher/core/lifecycle.py) for one command, with
+the same supervision and outcome as every framework's. Also the part of each framework whose pod runs
+one command: mpirun, a worker's sshd, a plug-in's program."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
-import tempfile
-from typing import Callable, Protocol
 
-from launcher.core import settings, workspace
+from launcher.core import lifecycle, settings
 from launcher.core.outcome import (
-    ConfigError, Outcome, RootCause, classify, code_for, evidence_regex, last_lines, signal_name, success, terminated,
+    ConfigError, Outcome, RootCause, classify, code_for, last_lines, signal_name, success, terminated,
 )
-from launcher.core.report import handed_off, run_command
-from launcher.core.settings import HostEnv, LauncherSettings, Override
-from launcher.core.supervisor import Child, Supervisor
+from launcher.core.settings import Override
+from launcher.core.supervisor import Child
 
 
 def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int:
-    def body(launcher: LauncherSettings) -> Outcome:
-        if not command:
+    return lifecycle.live(CommandPod(command), launcher_overrides)
+
+
+class CommandPod(lifecycle.Pod):
+    """One command, supervised: started at ``go``, judged by its exit (or by the outcome a launcher
+    nested in it handed over). A framework that runs one command plans it and sets ``command`` and
+    ``env``; it may name the root cause from the command's output (:meth:`root_cause`)."""
+
+    name = "exec"
+
+    def __init__(self, command: list[str], env: dict[str, str] | None = None):
+        self.command, self.env = command, env
+        self.child: Child | None = None
+
+    def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
+        if not self.command:
             raise ConfigError("CMD", None, "a command after the options: trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
-        workspace.warn_if_unwritable()
-        return supervise(launcher, command)
+        return lifecycle.Planned(None, node_name(), "")
 
-    return run_command(launcher_overrides, body)
+    def go(self, life: lifecycle.Life) -> None:
+        env = {**(self.env if self.env is not None else settings.environ()), settings.HANDOFF: life.path("outcome.json")}
+        if life.watched:
+            # Its variables first in order (MPICH's mpiexec may drop the last one), and theirs in value.
+            env = {**life.watched, **env}
+            env.update(life.watched)
+        self.child = life.supervisor.spawn(self.command[0], self.command, env)
 
+    def root_cause(self, child: Child, cause: RootCause) -> RootCause:
+        """The root cause, refined from the command's output (mpirun names the rank that failed)."""
+        return cause
 
-RootCauseFinder = Callable[[Child, RootCause], RootCause]
+    def judge(self, life: lifecycle.Life) -> Outcome:
+        from launcher.core.report import handed_off
 
-
-class JobWatch(Protocol):
-    """What supervision needs of whoever watches the job's progress (the status services, which
-    core does not import: the caller hands in how to start one)."""
-
-    hang: Outcome | None  # set when the watch ended the job as hung: that is its outcome
-
-    def rank_env(self) -> dict[str, str]:
-        """The variables the command needs to report to the watch."""
-
-    def done(self) -> None:
-        """The command is gone: stop watching it."""
-
-
-# Starts a watch on the supervisor for this node (its name), or says None: nothing to watch.
-StartWatch = Callable[[Supervisor, str], JobWatch | None]
-
-
-def supervise(
-    launcher: LauncherSettings,
-    command: list[str],
-    env: dict[str, str] | None = None,
-    find_root_cause: RootCauseFinder | None = None,
-    watch: StartWatch | None = None,
-) -> Outcome:
-    """Run ``command`` under the supervisor and classify how it ended. ``find_root_cause`` may
-    refine the root cause from the command's output (mpirun names the rank that failed).
-    ``watch``: starts the watch of the job's progress and hangs, whose variables the command
-    gets; None: a daemon (sshd), nothing to watch."""
-    host = settings.load(HostEnv)
-    node = host.hostname or socket.gethostname()
-    handoff_dir = tempfile.mkdtemp(prefix="trainer-launcher-exec-")
-    handoff = os.path.join(handoff_dir, "outcome.json")
-    monitor = None
-    try:
-        with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
-            env = {**(env or settings.environ()), settings.HANDOFF: handoff}
-            if watch is not None:
-                monitor = watch(supervisor, node)
-                if monitor is not None:
-                    # Its variables first in order (MPICH's mpiexec may drop the last one), and
-                    # theirs in value.
-                    watched = monitor.rank_env()
-                    env = {**watched, **env}
-                    env.update(watched)
-            try:
-                child = supervisor.spawn(command[0], command, env)
-                supervisor.run()
-            finally:
-                if monitor is not None:
-                    monitor.done()
-        inner = handed_off(handoff, code_for(child.returncode))
-    finally:
-        shutil.rmtree(handoff_dir, ignore_errors=True)
-    if monitor is not None and monitor.hang is not None:
-        return monitor.hang
-    if inner is not None:
-        return inner
-    if supervisor.received_signal is not None and supervisor.first_failure is None:
+        supervisor, child, node = life.supervisor, self.child, life.node
+        if child is None:  # stopped before it started
+            return terminated(supervisor.received_signal).on_node(node)
+        inner = handed_off(life.path("outcome.json"), code_for(child.returncode))
+        if inner is not None:
+            return inner
+        if supervisor.received_signal is not None and supervisor.first_failure is None:
+            if child.returncode == 0:
+                return success()
+            return terminated(supervisor.received_signal).on_node(node)
         if child.returncode == 0:
             return success()
-        return terminated(supervisor.received_signal).on_node(node)
-    if child.returncode == 0:
-        return success()
-    rank = int(host.rank) if host.rank and host.rank.isdigit() else None
-    cause = RootCause(node=node, rank=rank, exit_code=child.returncode if child.returncode > 0 else None,
-                      signal=None if child.returncode >= 0 else signal_name(-child.returncode))
-    what = f"{command[0]} on {node}"
-    if find_root_cause is not None:
-        cause = find_root_cause(child, cause)
+        host = settings.load(settings.HostEnv)
+        rank = int(host.rank) if host.rank and host.rank.isdigit() else None
+        cause = RootCause(node=node, rank=rank, exit_code=child.returncode if child.returncode > 0 else None,
+                          signal=None if child.returncode >= 0 else signal_name(-child.returncode))
+        what = f"{self.command[0]} on {node}"
+        cause = self.root_cause(child, cause)
         if cause.rank is not None and cause.rank != rank:
             what = f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
-    outcome = classify(child.returncode, retryable_codes=launcher.retryable_exit_codes,
-                       evidence=child.evidence, root_cause=cause, what=what)
-    return outcome.with_extra(**last_lines(child.tail))
+        outcome = classify(child.returncode, retryable_codes=life.launcher.retryable_exit_codes,
+                           evidence=child.evidence, root_cause=cause, what=what)
+        return outcome.with_extra(**last_lines(child.tail))
+
+
+def node_name() -> str:
+    """This pod's name: HOSTNAME, else the kernel's."""
+    return settings.load(settings.HostEnv).hostname or socket.gethostname()

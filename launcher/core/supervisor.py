@@ -61,6 +61,7 @@ class Child:
     after_teardown: bool = False  # exited after we began tearing the job down
     evidence: str | None = None  # first output line showing a node/network fault
     primary: bool = False  # its exit, success or not, ends the job (daemons like sshd are not)
+    released: bool = False  # sent away before its go word: its leaving with 0 interrupts nothing
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
 
@@ -208,6 +209,12 @@ class Supervisor:
         self._selector.register(fd, selectors.EVENT_READ, callback)
         self._watched[fd] = callback
 
+    @staticmethod
+    def release(child: Child) -> None:
+        """``child`` was started ahead of the plan and is sent away (its go pipe closes unsaid): its
+        exit with 0 interrupts no wait. A failure is still the job's."""
+        child.released = True
+
     def unwatch(self, fd: int) -> None:
         if self._watched.pop(fd, None) is not None:
             self._selector.unregister(fd)
@@ -234,11 +241,12 @@ class Supervisor:
         return self.exits
 
     def sleep(self, seconds: float) -> None:
-        """Serve for ``seconds``; raise Interrupted as soon as a signal stops the job or a child exits."""
+        """Serve for ``seconds``; raise Interrupted as soon as a signal stops the job or a child
+        exits (one that was released may leave with 0)."""
         end = time.monotonic() + seconds
         while True:
             self.poll(max(0.0, min(end - time.monotonic(), 0.5)))
-            if self.received_signal is not None or self.exits:
+            if self.received_signal is not None or any(not (c.released and c.returncode == 0) for c in self.exits):
                 raise Interrupted()
             if time.monotonic() >= end:
                 return

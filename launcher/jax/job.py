@@ -1,4 +1,5 @@
-"""``trainer-launcher jax``: JAX_* -> plan -> wait for the coordinator -> the process, supervised -> outcome.
+"""``trainer-launcher jax``: JAX's part of the pod's life (launcher/core/lifecycle.py): JAX_* -> plan ->
+wait for the coordinator -> the process -> outcome.
 
 A ``python ...`` program is started first thing, through the runner (launcher/jax/run.py), before
 this process imports anything heavy (pydantic included): its ``import jax`` overlaps the
@@ -15,8 +16,9 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from launcher.core.supervisor import Child, Interrupted, Supervisor
-from launcher.core import python_argv
+from launcher import status
+from launcher.core import lifecycle, python_argv
+from launcher.core.supervisor import Child, Supervisor
 from launcher.jax.plan import REPORT_ENV, runner_argv
 
 if TYPE_CHECKING:
@@ -37,26 +39,6 @@ _STACK_FRAME = re.compile(r"^\s*@\s+0x[0-9a-f]+\s")
 _DUPLICATE_ID = re.compile(r"ALREADY_EXISTS: Aborted connect attempt|newer incarnation")
 
 
-class _Go:
-    """The pipe to an early runner: one go word, or closed without one."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def send(self, word: dict) -> None:
-        if self.fd != -1:
-            try:
-                os.write(self.fd, json.dumps(word).encode() + b"\n")
-            except BrokenPipeError:
-                pass  # the runner is gone; the supervisor has seen it
-            self.close()
-
-    def close(self) -> None:
-        if self.fd != -1:
-            os.close(self.fd)
-            self.fd = -1
-
-
 def _early_command(jax_overrides: dict[str, Override], rest: list[str]) -> python_argv.PythonCommand | None:
     """The Python program to start now, before validation; None for anything else or when the
     flag turned the runner off (the variable is read later, with the rest: a runner started for
@@ -68,42 +50,68 @@ def _early_command(jax_overrides: dict[str, Override], rest: list[str]) -> pytho
 
 
 def run_jax(launcher_overrides: dict[str, Override], jax_overrides: dict[str, Override], rest: list[str]) -> int:
-    command = _early_command(jax_overrides, rest)
-    with Supervisor() as supervisor:
-        runner, go = None, _Go(-1)
-        if command is not None:
-            go_r, go_w = os.pipe()
-            argv = list(runner_argv(command, RUNNER))
-            at = argv.index(RUNNER) + 1
-            runner = supervisor.spawn("jax", [*argv[:at], "--go-fd", str(go_r), *argv[at:]], pass_fds=(go_r,))
-            os.close(go_r)
-            go = _Go(go_w)
-        try:
-            return _run(launcher_overrides, jax_overrides, rest, supervisor, runner, go)
-        finally:
-            go.close()
+    return lifecycle.live(JaxPod(jax_overrides, rest), launcher_overrides, status.start_watch)
 
 
-def _run(launcher_overrides, jax_overrides, rest, supervisor: Supervisor, runner: Child | None, go: _Go) -> int:
-    from launcher.core import log, workspace
-    from launcher.core.report import run_command
+class JaxPod(lifecycle.Pod):
+    """One JAX process per pod: the runner started early, or the program after the wait."""
 
-    def body(launcher: LauncherSettings) -> Outcome:
-        try:
-            workspace.warn_if_unwritable()
-            plan = make_plan(jax_overrides, rest, launcher)
-        except Exception:
-            go.close()  # the runner leaves at once, quietly: only the launcher's own line is said
-            raise
-        log.info(_summary(plan), plan=plan.to_json())
-        if runner is not None and not plan.runner:
-            go.close()
-            supervisor.run()  # the early runner exits 0 on its closed pipe
-            with Supervisor() as fresh:
-                return supervise(plan, launcher, fresh, None, go)
-        return supervise(plan, launcher, supervisor, runner, go)
+    name = "jax"
 
-    return run_command(launcher_overrides, body)
+    def __init__(self, jax_overrides: dict[str, Override], rest: list[str]):
+        self.jax_overrides, self.rest = jax_overrides, rest
+        self.runner: Child | None = None  # started early, waiting for its go word
+        self.go_word: lifecycle.GoPipe | None = None
+        self.child: Child | None = None
+
+    def start_early(self, life: lifecycle.Life) -> None:
+        command = _early_command(self.jax_overrides, self.rest)
+        if command is None:
+            return
+        self.go_word = life.go_pipe()
+        argv = list(runner_argv(command, RUNNER))
+        at = argv.index(RUNNER) + 1
+        self.runner = life.spawn("jax", [*argv[:at], "--go-fd", str(self.go_word.child_fd), *argv[at:]],
+                                 pipes=(self.go_word,))
+
+    def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
+        plan = make_plan(self.jax_overrides, self.rest, life.launcher)
+        if self.runner is not None and not plan.runner:
+            self.go_word.close()  # the runner leaves at once; the program starts after the wait
+            life.supervisor.release(self.runner)
+            self.runner = None
+        return lifecycle.Planned(plan, plan.node, _summary(plan), sends=plan.process_id == 0)
+
+    def wait(self, life: lifecycle.Life) -> None:
+        _wait(life.plan, life.launcher, life.supervisor)
+
+    def wait_failed(self, life: lifecycle.Life, error) -> Outcome:
+        from launcher.core.outcome import WaitTimeout
+
+        if isinstance(error, WaitTimeout):
+            return _coordinator_never_came(life.plan, life.launcher, error)
+        return super().wait_failed(life, error)
+
+    def go(self, life: lifecycle.Life) -> None:
+        from launcher.core import settings
+
+        plan, env = life.plan, life.runner_env()
+        if self.runner is None:
+            self.child = life.supervisor.spawn("jax", list(plan.argv), {**settings.environ(), **plan.env_set, **env})
+        else:
+            self.child = self.runner
+            self.go_word.send({"env": {**plan.env_set, **env, REPORT_ENV: life.path("report.json")}})
+            self.go_word.close()
+
+    def judge(self, life: lifecycle.Life) -> Outcome:
+        from launcher.core.outcome import terminated
+
+        supervisor = life.supervisor
+        child = self.child or self.runner or supervisor.first_failure
+        if child is None:
+            return terminated(supervisor.received_signal).on_node(life.node)
+        return jax_outcome(life.plan, supervisor, child, _read_report(life.path("report.json")),
+                           life.launcher.retryable_exit_codes)
 
 
 def make_plan(jax_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings,
@@ -138,54 +146,6 @@ def _summary(plan: JaxPlan) -> str:
     gpus = f", {plan.gpu_count} GPUs in one process" if plan.gpu_count else ""
     how = "initialized by the launcher" if plan.runner else "the program initializes JAX"
     return f"jax: {where}{coordinator}{gpus}; {how}: {' '.join(plan.argv)}"
-
-
-def supervise(plan: JaxPlan, launcher: LauncherSettings, supervisor: Supervisor, runner: Child | None,
-              go: _Go) -> Outcome:
-    """Wait for the coordinator, then let the runner go (or start the program); judge how it ended."""
-    import shutil
-    import tempfile
-
-    from launcher.core import settings
-    from launcher.core.outcome import WaitTimeout, evidence_regex, terminated
-
-    supervisor.grace_period = launcher.grace_period
-    supervisor.evidence = evidence_regex(launcher.retryable_pattern)
-    from launcher.status.monitor import start as start_monitor
-
-    workdir = tempfile.mkdtemp(prefix="trainer-launcher-jax-")
-    report_path = os.path.join(workdir, "report.json")
-    # Progress, the TrainJob's status (process 0 sends) and hangs.
-    monitor = start_monitor(launcher, supervisor, node=plan.node, sends=plan.process_id == 0)
-    watched = monitor.rank_env() if monitor is not None else {}
-    if getattr(launcher, "allow_untested_versions", False):  # --allow-untested-versions 1: the runner reads
-        watched = {**watched, "LAUNCHER_ALLOW_UNTESTED_VERSIONS": "1"}  # only the variable, after the go word
-    try:
-        child = runner
-        try:
-            _wait(plan, launcher, supervisor)
-        except Interrupted:
-            pass  # a signal, or the runner exited early: judged below
-        except WaitTimeout as error:
-            go.close()
-            supervisor.kill_all()
-            supervisor.run()
-            return _coordinator_never_came(plan, launcher, error)
-        if supervisor.received_signal is None and not supervisor.exits:
-            if child is None:
-                child = supervisor.spawn("jax", list(plan.argv), {**settings.environ(), **plan.env_set, **watched})
-            else:
-                go.send({"env": {**plan.env_set, **watched, REPORT_ENV: report_path}})
-        go.close()
-        supervisor.run()
-        if child is None:
-            return terminated(supervisor.received_signal).on_node(plan.node)
-        outcome = jax_outcome(plan, supervisor, child, _read_report(report_path), launcher.retryable_exit_codes)
-        return monitor.overrule(outcome) if monitor is not None else outcome
-    finally:
-        if monitor is not None:
-            monitor.done()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _wait(plan: JaxPlan, launcher: LauncherSettings, supervisor: Supervisor) -> None:

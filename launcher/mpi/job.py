@@ -10,10 +10,11 @@ import socket
 import sys
 import time
 from dataclasses import replace
-from typing import Callable, Iterable
+from typing import Iterable
 
-from launcher.core import log, netwait, settings, versions
-from launcher.core.exec_job import supervise
+from launcher import status
+from launcher.core import lifecycle, log, netwait, settings, versions
+from launcher.core.exec_job import CommandPod, node_name
 from launcher.mpi import ssh
 from launcher.mpi.detect import MpiImpl, detect, find_libmpi
 from launcher.mpi.hostfile import Host, parse_hostfile
@@ -21,12 +22,11 @@ from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, known_hosts_te
 from launcher.mpi.rank import REPORT_ENV
 from launcher.mpi.reports import RankFailure, RankReports, facing_address
 from launcher.core.outcome import (
-    PEER_LOSS_PATTERN, ConfigError, LauncherError, Outcome, Reasons, RootCause, classify, evidence_regex, terminated,
+    PEER_LOSS_PATTERN, ConfigError, Outcome, Reasons, RootCause, classify, evidence_regex,
 )
-from launcher.core.report import run_command
 from launcher.core.settings import HostEnv, LauncherSettings, Override
 from launcher.mpi.settings import MpiSettings
-from launcher.core.supervisor import Child, Interrupted, Supervisor
+from launcher.core.supervisor import Child
 
 # How the MPIs name the rank that brought the job down (MPI_Abort, as `python -m mpi4py` calls it).
 _ABORT_RANK = (
@@ -93,95 +93,82 @@ def make_plan(mpi_overrides: dict[str, Override], rest: list[str], launcher: Lau
 
 
 def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override], rest: list[str]) -> int:
-    def body(launcher: LauncherSettings) -> Outcome:
-        try:
-            mpi, plan = make_plan(mpi_overrides, rest, launcher)
-            ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
-            if plan.known_hosts_path is not None:
-                public_key = ssh.mounted_public_key(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
-                ssh.write_private(plan.known_hosts_path, known_hosts_text(public_key))
-            ssh.write_private(plan.hostfile_path, plan.hostfile_text, 0o644)
-            ssh.write_private(plan.ssh_config_path, plan.ssh_config_text)
-            ssh.write_private(plan.ssh_wrapper_path, plan.ssh_wrapper_text, 0o700)
-        except LauncherError as error:
-            return error.outcome().on_node(socket.gethostname())
+    return lifecycle.live(MpiPod(mpi_overrides, rest), launcher_overrides, status.start_watch)
+
+
+class MpiPod(CommandPod):
+    """The launcher role: the hostfile and ssh's files written, every worker's sshd waited for,
+    then mpirun, supervised. A worker's host key that ssh refused, else the ranks' failure reports
+    when they send them, else mpirun's output names the root cause."""
+
+    name = "mpi"
+
+    def __init__(self, mpi_overrides: dict[str, Override], rest: list[str]):
+        super().__init__([])
+        self.mpi_overrides, self.rest = mpi_overrides, rest
+        self.reports: RankReports | None = None
+        self.refused: list[str | None] = []
+
+    def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
+        mpi, plan = make_plan(self.mpi_overrides, self.rest, life.launcher)
+        ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(self.mpi_overrides))
+        if plan.known_hosts_path is not None:
+            public_key = ssh.mounted_public_key(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(self.mpi_overrides))
+            ssh.write_private(plan.known_hosts_path, known_hosts_text(public_key))
+        ssh.write_private(plan.hostfile_path, plan.hostfile_text, 0o644)
+        ssh.write_private(plan.ssh_config_path, plan.ssh_config_text)
+        ssh.write_private(plan.ssh_wrapper_path, plan.ssh_wrapper_text, 0o700)
         if plan.known_hosts_path is None:
-            knob = settings.source_of(MpiSettings, "ssh_host_key_checking", mpi_overrides)
+            knob = settings.source_of(MpiSettings, "ssh_host_key_checking", self.mpi_overrides)
             log.warning(f"mpi: {knob or 'LAUNCHER_SSH_HOST_KEY_CHECKING'}=off: ssh accepts any host key from the "
                         "workers, so a host on the pod network could pose as one")
-        log.info(f"mpi: {plan.impl.name} {plan.impl.major or ''} on {len(plan.hosts)} hosts, "
-                 f"{plan.ranks if plan.ranks is not None else 'user-set'} ranks: {' '.join(plan.argv[:8])} ...",
-                 plan=plan.to_json())
-        stopped = _wait(plan, launcher)
-        if stopped is not None:
-            return stopped.on_node(socket.gethostname())
-        return _run(plan, launcher)
+        self.mpi_plan, self.command, self.env = plan, list(plan.argv), {**settings.environ(), **plan.env_set}
+        # Where the ranks in the workers' pods reach this one (the failure reports, the hang's stacks).
+        self.facing = facing_address(plan.wait_hosts, plan.ssh_port)
+        summary = (f"mpi: {plan.impl.name} {plan.impl.major or ''} on {len(plan.hosts)} hosts, "
+                   f"{plan.ranks if plan.ranks is not None else 'user-set'} ranks: {' '.join(plan.argv[:8])} ...")
+        # This pod sends the job's status. The ranks may run in the workers' pods, which cannot reach
+        # a relay here: their status URL is left alone, and a hang's stacks come from them over the
+        # board at the facing address.
+        watch = {"relays": False, "board_at": self.facing if plan.wait_hosts else None}
+        return lifecycle.Planned(plan, node_name(), summary, sends=True, watch=watch)
 
-    return run_command(launcher_overrides, body)
+    def wait(self, life: lifecycle.Life) -> None:
+        """Every worker's sshd accepts."""
+        plan = life.plan
+        if plan.wait_hosts:
+            deadline = time.monotonic() + life.launcher.rendezvous_timeout
+            netwait.wait_until_hosts_accept(plan.wait_hosts, plan.ssh_port, deadline, life.supervisor.sleep, log.info)
+
+    def go(self, life: lifecycle.Life) -> None:
+        if life.plan.rank_reports:
+            try:
+                self.reports = RankReports(*self.facing)
+            except OSError as error:
+                log.warning(f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
+                            "the failing rank is named from mpirun's output only")
+                self.env = {REPORT_ENV: "", **self.env}
+            else:
+                life.closing(self.reports.close)
+                # First, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment on
+                # the way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end it.
+                self.env = {**self.reports.env, **self.env}
+        super().go(life)
+
+    def root_cause(self, child: Child, cause: RootCause) -> RootCause:
+        if any(_HOST_KEY_FAILED in line for line in child.tail):
+            self.refused.append(refused_host(child.tail))
+        received = self.reports.received if self.reports is not None else None
+        return root_cause(self.mpi_plan, child, cause, received)
+
+    def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
+        if self.reports is not None:
+            own = with_reported_error(own, self.reports.received, life.launcher)
+        return host_key_refused(self.refused[0]) if self.refused and own.exit_code != 0 else own
 
 
 def _mount_source(mpi_overrides: dict[str, Override]) -> str:
     return settings.source_of(MpiSettings, "ssh_auth_mount_path", mpi_overrides) or "LAUNCHER_SSH_AUTH_MOUNT_PATH"
-
-
-def _wait(plan: MpiPlan, launcher: LauncherSettings) -> Outcome | None:
-    """Wait for every worker's sshd; the outcome if a signal stopped us first."""
-    if not plan.wait_hosts:
-        return None
-    deadline = time.monotonic() + launcher.rendezvous_timeout
-    with Supervisor() as supervisor:  # a SIGTERM while we wait ends the wait at once
-        try:
-            netwait.wait_until_hosts_accept(plan.wait_hosts, plan.ssh_port, deadline, supervisor.sleep, log.info)
-        except Interrupted:
-            return terminated(supervisor.received_signal)
-    return None
-
-
-def _run(plan: MpiPlan, launcher: LauncherSettings) -> Outcome:
-    """mpirun, supervised; a worker's host key that ssh refused, else the ranks' failure reports
-    when they send them, names the root cause."""
-    refused: list[str | None] = []
-
-    def judged(child: Child, cause: RootCause, received: list[RankFailure] | None = None) -> RootCause:
-        if any(_HOST_KEY_FAILED in line for line in child.tail):
-            refused.append(refused_host(child.tail))
-        return root_cause(plan, child, cause, received)
-
-    outcome = _run_judged(plan, launcher, judged)
-    return host_key_refused(refused[0]) if refused and outcome.exit_code != 0 else outcome
-
-
-def _run_judged(plan: MpiPlan, launcher: LauncherSettings, judged: Callable[..., RootCause]) -> Outcome:
-    """mpirun, supervised, its failure judged by ``judged``; with the ranks' failure reports
-    when they send them."""
-    env = {**settings.environ(), **plan.env_set}
-    # Where the ranks in the workers' pods reach this one (the failure reports, the hang's stacks).
-    facing = facing_address(plan.wait_hosts, plan.ssh_port)
-    board_at = facing if plan.wait_hosts else None
-
-    def watch(supervisor: Supervisor, node: str):
-        """The job's progress, status (this pod sends it) and hangs. The ranks may run in the
-        workers' pods, which cannot reach a relay here: their status URL is left alone, and a
-        hang's stacks come from them over the board at ``board_at``."""
-        from launcher.status.monitor import start
-
-        return start(launcher, supervisor, node=node, sends=True, relays=False, board_at=board_at)
-
-    if not plan.rank_reports:
-        return supervise(launcher, list(plan.argv), env, judged, watch)
-    try:
-        reports = RankReports(*facing)
-    except OSError as error:
-        log.warning(f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
-                    "the failing rank is named from mpirun's output only")
-        return supervise(launcher, list(plan.argv), {REPORT_ENV: "", **env}, judged, watch)
-    with reports:
-        # First, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment on the
-        # way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end it.
-        outcome = supervise(launcher, list(plan.argv), {**reports.env, **env},
-                            lambda child, cause: judged(child, cause, reports.received), watch)
-        received = reports.received
-    return with_reported_error(outcome, received, launcher)
 
 
 def refused_host(lines: Iterable[str]) -> str | None:
@@ -259,10 +246,22 @@ def _root_cause_from_output(child: Child, cause: RootCause) -> RootCause:
 
 
 def run_worker(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override]) -> int:
-    def body(launcher: LauncherSettings) -> Outcome:
-        mpi = settings.load(MpiSettings, mpi_overrides)
+    return lifecycle.live(MpiWorkerPod(mpi_overrides), launcher_overrides)
+
+
+class MpiWorkerPod(CommandPod):
+    """The worker role: the private key's copies, then sshd on the port, supervised."""
+
+    name = "mpi-worker"
+
+    def __init__(self, mpi_overrides: dict[str, Override]):
+        super().__init__([])
+        self.mpi_overrides = mpi_overrides
+
+    def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
+        mpi = settings.load(MpiSettings, self.mpi_overrides)
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-        ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(mpi_overrides))
+        ssh.install_keys(mpi.ssh_auth_mount_path, mpi.ssh_dir, _mount_source(self.mpi_overrides))
         config = os.path.join(mpi.ssh_dir, "sshd_config")
         environ = settings.environ()
         session_env = {k: environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if environ.get(k)}
@@ -270,7 +269,6 @@ def run_worker(launcher_overrides: dict[str, Override], mpi_overrides: dict[str,
                                                   os.geteuid() == 0, session_env))
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation, root only
-        log.info(f"mpi worker: sshd on port {mpi.ssh_port} as uid {os.getuid()} with keys from {mpi.ssh_auth_mount_path}")
-        return supervise(launcher, [sshd, "-D", "-e", "-f", config])
-
-    return run_command(launcher_overrides, body)
+        self.command = [sshd, "-D", "-e", "-f", config]
+        return lifecycle.Planned(None, node_name(), f"mpi worker: sshd on port {mpi.ssh_port} as uid {os.getuid()} "
+                                                f"with keys from {mpi.ssh_auth_mount_path}")

@@ -1,4 +1,5 @@
-"""``trainer-launcher torch``: settings -> plan -> wait -> supervised torchrun -> outcome.
+"""``trainer-launcher torch``: torch's part of the pod's life (launcher/core/lifecycle.py): settings -> plan ->
+wait -> the agent's torchrun -> outcome.
 
 The torch agent is spawned before anything heavy is imported here (pydantic included), so its
 ``import torch`` runs while this process validates, plans and waits for the master.
@@ -9,18 +10,17 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import TYPE_CHECKING
 
+from launcher import status
+from launcher.core import lifecycle
 from launcher.core.outcome import (
-    PEER_LOSS_PATTERN, LauncherError, Outcome, Reasons, RootCause, classify, evidence_regex, internal_error, last_lines,
-    success, terminated,
+    PEER_LOSS_PATTERN, Outcome, Reasons, RootCause, classify, internal_error, last_lines, success, terminated,
 )
 from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
-from launcher.core.supervisor import Child, Interrupted, Supervisor
+from launcher.core.supervisor import Child, Supervisor
 
 if TYPE_CHECKING:
     from launcher.core.devices import HostFacts
@@ -64,96 +64,74 @@ def make_plan(rest: list[str], require_program: bool = True,
 
 
 def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
-    termination_log, codes = None, None
-    with Supervisor() as supervisor:
-        workdir = tempfile.mkdtemp(prefix="trainer-launcher-")
-        report_path, job_path = os.path.join(workdir, "report.json"), os.path.join(workdir, "job.json")
-        control_r, control_w = os.pipe()
-        status_r, status_w = os.pipe()
-        control = _Control(control_w)
-        cleanup: list = []
-        try:
-            # Start importing torch now, while we validate and wait.
-            agent = supervisor.spawn(
-                "torchrun",
-                [sys.executable, "-m", "launcher.torch.agent", "--control-fd", str(control_r),
-                 "--status-fd", str(status_w), "--report", report_path, "--job", job_path],
-                pass_fds=(control_r, status_w),
-            )
-            os.close(control_r)
-            os.close(status_w)
-            from launcher.core import log, settings, workspace
-            from launcher.core.report import deliver
-            from launcher.core.settings import LauncherSettings
+    return lifecycle.live(TorchPod(rest), launcher_overrides, status.start_watch)
 
-            try:
-                launcher = settings.load(LauncherSettings, launcher_overrides)
-                termination_log, codes = launcher.termination_log, launcher.retryable_exit_codes
-                log.configure(launcher.log_format)
-                workspace.warn_if_unwritable()
-                plan, host = make_plan(rest, launcher=launcher)
-            except LauncherError:
-                supervisor.kill_all()
-                raise
-            node = host.hostname
-            one_node = plan.nnodes == "1"
-            supervisor.grace_period = launcher.grace_period
-            supervisor.evidence = evidence_regex(launcher.retryable_pattern)
-            log.info(_summary(plan), plan=plan.to_json())
-            from launcher.status.monitor import start as start_monitor
 
-            # One sender per job: the node with rank 0 (Trainer gives every node the server's env).
-            monitor = start_monitor(launcher, supervisor, node=node, sends=plan.node_rank == 0)
-            if monitor is not None:
-                cleanup.append(monitor.close)
-            verdict: list[Outcome] = []
+class TorchPod(lifecycle.Pod):
+    """This node's torchrun, run by the agent (launcher/torch/agent.py), which is started first
+    thing: its ``import torch`` overlaps the launcher's validation and wait. Its control pipe takes
+    the go word (torchrun's arguments), later this node's verdict; its status pipe says once every
+    rank is gone and it waits for that verdict, which it shares with the other nodes."""
 
-            def on_report() -> None:
-                # The agent has reported and waits for this node's outcome, to share it with the
-                # other nodes. Every rank is gone: relay what they wrote before judging. (End of
-                # file instead: the agent died without a report; judged once it is reaped.)
-                supervisor.unwatch(status_r)
-                if not os.read(status_r, 64):
-                    return
-                supervisor.drain()
-                verdict.append(_overruled(monitor, torch_outcome(supervisor, agent, _read_json(report_path, {}), codes,
-                                                                 node, one_node)))
-                control.send(verdict[0].to_json(codes))
-                control.close()
+    name = "torch"
 
-            supervisor.watch(status_r, on_report)
-            try:
-                _wait(plan, launcher, supervisor)
-                env = {**plan.env_set, **(monitor.rank_env() if monitor is not None else {})}
-                peers = _peers(plan, node, launcher.grace_period)
-                if peers is not None and monitor is not None and monitor.watch is not None:
-                    # On a hang, every node's stacks, through the agents (launcher.torch.peers).
-                    peers["dumpRequest"] = os.path.join(workdir, "dump-stacks")
-                    monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], supervisor)
-                control.send({"args": [*plan.torchrun_args, *plan.program], "env": env,
-                              "unset": list(plan.env_unset), "grace": launcher.grace_period, "peers": peers})
-            except Interrupted:
-                control.close()  # a signal, or the agent exited early: the supervisor already knows
-            except LauncherError as error:
-                control.close()
-                supervisor.kill_all()
-                supervisor.run()
-                return deliver(error.outcome().on_node(node), termination_log, codes)
-            supervisor.run()
-            own = verdict[0] if verdict else _overruled(
-                monitor, torch_outcome(supervisor, agent, _read_json(report_path, {}), codes, node, one_node))
-            nodes = [_node_outcome(summary) for summary in _read_json(job_path, [])]
-            return deliver(job_outcome(own, plan.node_rank, node, nodes), termination_log, codes)
-        except LauncherError as error:
-            from launcher.core.report import deliver
+    def __init__(self, rest: list[str]):
+        self.rest = rest
+        self.verdict: Outcome | None = None
 
-            return deliver(error.outcome(), termination_log, codes)
-        finally:
-            control.close()
-            os.close(status_r)
-            shutil.rmtree(workdir, ignore_errors=True)
-            for close in cleanup:
-                close()
+    def start_early(self, life: lifecycle.Life) -> None:
+        self.life = life
+        self.control = life.go_pipe()
+        self.status = life.listen(self._on_report, 64)
+        self.agent = life.spawn(
+            "torchrun",
+            [sys.executable, "-m", "launcher.torch.agent", "--control-fd", str(self.control.child_fd),
+             "--status-fd", str(self.status.child_fd), "--report", life.path("report.json"),
+             "--job", life.path("job.json")],
+            pipes=(self.control, self.status),
+        )
+
+    def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
+        plan, host = make_plan(self.rest, launcher=life.launcher)
+        return lifecycle.Planned(plan, host.hostname, _summary(plan), sends=plan.node_rank == 0)
+
+    def wait(self, life: lifecycle.Life) -> None:
+        _wait(life.plan, life.launcher, life.supervisor)
+
+    def go(self, life: lifecycle.Life) -> None:
+        plan, monitor = life.plan, life.watch
+        peers = _peers(plan, life.node, life.launcher.grace_period)
+        if peers is not None and monitor is not None and monitor.watch is not None:
+            # On a hang, every node's stacks, through the agents (launcher.torch.peers).
+            peers["dumpRequest"] = life.path("dump-stacks")
+            monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], life.supervisor)
+        self.control.send({"args": [*plan.torchrun_args, *plan.program], "env": {**plan.env_set, **life.watched},
+                           "unset": list(plan.env_unset), "grace": life.launcher.grace_period, "peers": peers})
+
+    def _on_report(self, data: bytes) -> None:
+        """The agent has reported and waits for this node's outcome, to share it with the other
+        nodes. Every rank is gone: relay what they wrote before judging. (End of file instead:
+        the agent died without a report; judged once it is reaped.)"""
+        if not data:
+            return
+        self.status.close()
+        self.life.supervisor.drain()
+        self.verdict = self._own(self.life)
+        self.control.send(self.verdict.to_json(self.life.launcher.retryable_exit_codes))
+        self.control.close()
+
+    def _own(self, life: lifecycle.Life) -> Outcome:
+        if life.watch is not None and life.watch.hang is not None:
+            return life.watch.hang
+        return torch_outcome(life.supervisor, self.agent, _read_json(life.path("report.json"), {}),
+                             life.launcher.retryable_exit_codes, life.node, life.plan.nnodes == "1")
+
+    def judge(self, life: lifecycle.Life) -> Outcome:
+        return self.verdict or self._own(life)
+
+    def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
+        nodes = [_node_outcome(summary) for summary in _read_json(life.path("job.json"), [])]
+        return job_outcome(own, life.plan.node_rank, life.node, nodes)
 
 
 def _stacks_of_every_node(request: str, supervisor: Supervisor) -> list:
@@ -172,31 +150,6 @@ def _stacks_of_every_node(request: str, supervisor: Supervisor) -> list:
     return [RankStacks(pid=r.get("pid") or 0, rank=r.get("rank"), local_rank=r.get("localRank"), text="",
                        top=tuple(r.get("top") or ()), node=answer.get("node"))
             for answer in answers for r in answer.get("ranks", [])]
-
-
-def _overruled(monitor, outcome: Outcome) -> Outcome:
-    return monitor.overrule(outcome) if monitor is not None else outcome
-
-
-class _Control:
-    """The pipe to the agent: JSON lines until closed; a gone agent is not an error here (the
-    supervisor sees it exit)."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def send(self, message: dict) -> None:
-        if self.fd == -1:
-            return
-        try:
-            os.write(self.fd, json.dumps(message).encode() + b"\n")
-        except BrokenPipeError:
-            self.close()
-
-    def close(self) -> None:
-        if self.fd != -1:
-            os.close(self.fd)
-            self.fd = -1
 
 
 def _peers(plan: TorchPlan, node: str, grace: float) -> dict | None:

@@ -1,4 +1,5 @@
-"""``trainer-launcher xgboost``: DMLC_* -> plan -> tracker and workers, supervised -> outcome.
+"""``trainer-launcher xgboost``: XGBoost's part of the pod's life (launcher/core/lifecycle.py): DMLC_* ->
+plan -> tracker and workers -> outcome.
 
 For a ``python ...`` command, two processes start first thing, before this one imports anything
 heavy (pydantic included): a tracker (launcher/xgboost/tracker.py, which leaves at once on any pod
@@ -15,34 +16,30 @@ tracker. A job whose workers never all join the tracker (a pod still pending) en
 after the rendezvous timeout. A command the runner cannot wrap (not ``python ...``), or any
 command in program mode, starts after the waits, as given.
 
-Once running, the pods share one stop record through pod 0's board (launcher/xgboost/board.py): a
-pod whose worker or tracker failed on its own posts its outcome, every other pod stops its workers
-and exits with that outcome's code, naming the same worker (PeerFailed).
+Once running, the pods share one stop record through pod 0's board (launcher/xgboost/stops.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from launcher.core.supervisor import Child, Interrupted, Supervisor
-from launcher.core import python_argv
-from launcher.xgboost import board as board_module
+from launcher import status
+from launcher.core import lifecycle, python_argv
+from launcher.core.supervisor import Child
 from launcher.xgboost import run as runner_module
 from launcher.xgboost import tracker as tracker_module
+from launcher.xgboost.stops import SERVE_STEP
 
 if TYPE_CHECKING:
-    from launcher.status.monitor import Monitor
     from launcher.core.outcome import Outcome
-    from launcher.core.settings import LauncherSettings, Override
+    from launcher.core.settings import Override
     from launcher.xgboost.plan import Worker, XGBoostPlan
+    from launcher.xgboost.stops import Stops
 
 RUNNER = os.path.abspath(runner_module.__file__)
 TRACKER = os.path.abspath(tracker_module.__file__)
@@ -51,9 +48,6 @@ PLACEHOLDER = ("python", "SCRIPT")
 # start waits on it, and netwait's backoff (up to 2 s) would add most of a step to each start; a
 # refused connection costs the tracker's host one reset, and the knocking stops once it listens.
 KNOCK_INTERVAL = 0.2
-# A pod whose workers only lost a peer: how long it waits for the board to name the root cause.
-PEER_WAIT = 2.0
-SERVE_STEP = 0.2
 
 
 def make_plan(xgboost_overrides: dict[str, Override], rest: list[str], require_program: bool = True) -> XGBoostPlan:
@@ -89,19 +83,7 @@ def make_plan(xgboost_overrides: dict[str, Override], rest: list[str], require_p
 
 
 def run_xgboost(launcher_overrides: dict[str, Override], xgboost_overrides: dict[str, Override], rest: list[str]) -> int:
-    command = python_argv.parse(rest)
-    tracker_flag = xgboost_overrides.get("tracker")
-    program_mode = tracker_flag is not None and str(tracker_flag.value).strip().lower() == "program"
-    with Supervisor() as supervisor:
-        pod = _Pod(supervisor, tempfile.mkdtemp(prefix="trainer-launcher-xgboost-"))
-        try:
-            if command is not None and not program_mode:
-                pod.start_early(command)
-            from launcher.core.report import run_command  # pydantic: while xgboost imports
-
-            return run_command(launcher_overrides, lambda launcher: pod.run(launcher, xgboost_overrides, rest))
-        finally:
-            pod.close()
+    return lifecycle.live(XGBoostPod(xgboost_overrides, rest), launcher_overrides, status.start_watch)
 
 
 def _summary(plan: XGBoostPlan) -> str:
@@ -120,377 +102,234 @@ class _Spawned:
     early: bool = False  # the runner started before the plan, with a go pipe of its own
 
 
-@dataclass
-class _Pod:
-    """One pod's run: spawn, plan, wait, go, watch the joins, judge."""
+class _Tracker:
+    """The XGBoost tracker this pod runs (pod 0), started early or after the plan, and whether it
+    said it listens (on its own pipe: a probe connection would make it log a failed handshake)."""
 
-    supervisor: Supervisor
-    workdir: str
-    launcher: LauncherSettings | None = None
-    plan: XGBoostPlan | None = None
-    workers: list[_Spawned] = field(default_factory=list)
-    tracker: Child | None = None
-    tracker_ready: bool = False
-    joined: set[int] = field(default_factory=set)
-    join_timeout: Outcome | None = None
-    early_runner: Child | None = None
-    early_tracker: Child | None = None
-    board: board_module.Board | None = None  # pod 0
-    board_client: board_module.BoardClient | None = None  # every other pod
-    posted: bool = False  # this pod's failure went to the board
-    monitor: Monitor | None = None  # progress, the TrainJob's status (pod 0 sends), hangs
-    watched: dict[str, str] = field(default_factory=dict)  # the monitor's variables for the workers
-    adopted: dict | None = None  # another pod's stop record
-    pod_0_lost: bool = False
-    _fds: dict[str, int] = field(default_factory=dict)
+    def __init__(self, life: lifecycle.Life, argv: list[str], go: lifecycle.GoPipe | None = None):
+        self.ready = False
+        self.go = go
+        said = life.listen(self._said, 64)
+        self.child = life.spawn("tracker", [*argv, "--ready-fd", str(said.child_fd)],
+                                pipes=tuple(p for p in (go, said) if p is not None),
+                                transform=lambda line: f"[tracker] {line}")
+        self._said_pipe = said
 
-    # --- pipes -----------------------------------------------------------------------------------
+    def _said(self, data: bytes) -> None:
+        self.ready = bool(data)
+        self._said_pipe.close()
 
-    def _pipe(self, name: str) -> tuple[int, int]:
-        read_fd, write_fd = os.pipe()
-        self._fds[f"{name}-r"], self._fds[f"{name}-w"] = read_fd, write_fd
-        return read_fd, write_fd
 
-    def _close(self, name: str) -> None:
-        fd = self._fds.pop(name, -1)
-        if fd != -1:
-            self.supervisor.unwatch(fd)
-            os.close(fd)
+class XGBoostPod(lifecycle.Pod):
+    """One pod: its workers (the first runner started early), pod 0's tracker, the stop board."""
 
-    def close(self) -> None:
-        if self.monitor is not None:
-            self.monitor.close()  # after the outcome's delivery: its final status has gone out
-        for name in list(self._fds):
-            self._close(name)
-        for side in (self.board, self.board_client):
-            if side is not None:
-                side.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+    name = "xgboost"
 
-    def _send(self, name: str, word: bytes) -> None:
-        fd = self._fds.get(name, -1)
-        if fd != -1:
-            try:
-                os.write(fd, word)
-            except BrokenPipeError:
-                pass  # it is gone; the supervisor has seen it
-        self._close(name)
+    def __init__(self, xgboost_overrides: dict[str, Override], rest: list[str]):
+        self.xgboost_overrides, self.rest = xgboost_overrides, rest
+        self.early_tracker: _Tracker | None = None
+        self.early_runner: Child | None = None
+        self.runner_go: lifecycle.GoPipe | None = None  # the early runner's own
+        self.shared_go: lifecycle.GoPipe | None = None  # the go words of the runners started after the plan
+        self.joined_pipe: lifecycle.Listen | None = None  # every runner writes its task id once joined
+        self.tracker: _Tracker | None = None
+        self.workers: list[_Spawned] = []
+        self.joined: set[int] = set()
+        self.join_timeout: Outcome | None = None
+        self.stops: Stops | None = None
+        self.deadline = 0.0  # of the wait for the tracker
 
     # --- starting ------------------------------------------------------------------------------
 
-    def _report_path(self, task_id: int | str) -> str:
-        return os.path.join(self.workdir, f"worker-{task_id}.json")
-
-    def start_early(self, command: python_argv.PythonCommand) -> None:
+    def start_early(self, life: lifecycle.Life) -> None:
         """The tracker and the first runner, before validation: they import xgboost meanwhile."""
-        go_r, _ = self._pipe("tracker-go")
-        ready_r, ready_w = self._pipe("tracker-ready")
-        self.early_tracker = self.supervisor.spawn(
-            "tracker", [command.interpreter, TRACKER, "--go-fd", str(go_r), "--ready-fd", str(ready_w)],
-            pass_fds=(go_r, ready_w), transform=lambda line: f"[tracker] {line}")
-        self._close("tracker-go-r")
-        self._close("tracker-ready-w")
-        self.supervisor.watch(ready_r, self._on_ready)
-        go_r, _ = self._pipe("runner-go")
-        joined_r, joined_w = self._pipe("joined")
-        options = ["--go-fd", str(go_r), "--joined-fd", str(joined_w), "--report", self._report_path("early")]
+        command = python_argv.parse(self.rest)
+        tracker_flag = self.xgboost_overrides.get("tracker")
+        if command is None or (tracker_flag is not None and str(tracker_flag.value).strip().lower() == "program"):
+            return
+        go = life.go_pipe()
+        self.early_tracker = _Tracker(life, [command.interpreter, TRACKER, "--go-fd", str(go.child_fd)], go)
+        self.runner_go, self.joined_pipe = life.go_pipe(), life.listen(self._on_joined)
+        options = ["--go-fd", str(self.runner_go.child_fd), "--joined-fd", str(self.joined_pipe.child_fd),
+                   "--report", life.path("worker-early.json")]
         argv = [command.interpreter, *command.options, RUNNER, *options, *command.target_argv(), *command.args]
-        self.early_runner = self.supervisor.spawn("worker-0", argv, pass_fds=(go_r, joined_w))
-        self._close("runner-go-r")
+        self.early_runner = life.spawn("worker-0", argv, pipes=(self.runner_go,), keep=(self.joined_pipe,))
 
-    def run(self, launcher: LauncherSettings, xgboost_overrides: dict[str, Override], rest: list[str]) -> Outcome:
-        from launcher.core import log, versions, workspace
-        from launcher.core.outcome import LauncherError, WaitTimeout, evidence_regex
+    def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
+        from launcher.core import versions
 
-        self.launcher = launcher
-        self.supervisor.grace_period = launcher.grace_period
-        self.supervisor.evidence = evidence_regex(launcher.retryable_pattern)
-        try:
-            # This interpreter's Python; the runners check the program's xgboost where it runs.
-            versions.check("python", allow=launcher.allow_untested_versions)
-            self.plan = plan = make_plan(xgboost_overrides, rest)
-        except LauncherError as error:
-            return error.outcome().on_node(socket.gethostname())
-        workspace.warn_if_unwritable()
-        log.info(_summary(plan), plan=plan.to_json())
-        from launcher.status.monitor import start as start_monitor
+        # This interpreter's Python; the runners check the program's xgboost where it runs.
+        versions.check("python", allow=life.launcher.allow_untested_versions)
+        plan = make_plan(self.xgboost_overrides, self.rest)
+        return lifecycle.Planned(plan, plan.node, _summary(plan), sends=plan.pod_index == 0)
 
-        # Progress, the TrainJob's status (pod 0 sends) and hangs.
-        self.monitor = start_monitor(launcher, self.supervisor, node=plan.node, sends=plan.pod_index == 0)
-        self.watched = self.monitor.rank_env() if self.monitor is not None else {}
-        self.watched.update(allowed_env(launcher))  # the runners' version gate reads it after the go word
-        deadline = time.monotonic() + launcher.rendezvous_timeout
-        try:
-            self._open_board()
-            self._start_tracker()
-            self._start_runners()
-            self._wait(deadline)
-        except Interrupted:
-            return self._outcome()  # a signal, or a process ended early: the supervisor tears down
-        except WaitTimeout as error:
-            self.supervisor.kill_all()
-            self.supervisor.run()
-            return error.outcome().on_node(plan.node)
-        self._join_board()
-        if plan.runner:
-            self._go()
-            self._watch_joins(time.monotonic() + launcher.rendezvous_timeout)
-        else:
-            for spawned in self.workers:
-                self._spawn(spawned, [], ())
-        self._serve()
-        return self._final()
+    def start(self, life: lifecycle.Life) -> None:
+        from launcher.xgboost.stops import Stops
 
-    # --- the board: one stop record for the whole job ------------------------------------------
+        self.deadline = time.monotonic() + life.launcher.rendezvous_timeout
+        self.stops = Stops(life.supervisor, life.plan, life.launcher.retryable_exit_codes)
+        life.closing(self.stops.close)
+        self.stops.open()
+        self._start_tracker(life)
+        self._start_runners(life)
 
-    def _open_board(self) -> None:
-        from launcher.core import log
-
-        if self.plan.pod_index != 0:
-            return
-        port = self.plan.tracker_port + board_module.PORT_OFFSET
-        peers = board_module.peer_policy(self.plan.tracker_host, self.plan.pods)
-        try:
-            self.board = board_module.Board(port, ":" in self.plan.tracker_host, self.supervisor.watch,
-                                            self.supervisor.unwatch, self._on_record, self.plan.pods, peers)
-        except (OSError, OverflowError) as error:
-            log.warning(f"xgboost: no stop board on port {port} ({getattr(error, 'strerror', None) or error}): "
-                        "a failure elsewhere reaches this pod only through xgboost's own collective")
-            return
-        if peers.kind == "anyone":
-            log.warning(f"xgboost: DMLC_TRACKER_URI={self.plan.tracker_host} is not the controller's "
-                        "<trainjob>-node-0-0.<trainjob>, so the stop board cannot tell the pods' addresses from "
-                        f"others': it takes a well-formed stop record from any peer that reaches port {port}")
-
-    def _join_board(self) -> None:
-        from launcher.core import log
-
-        if self.plan.pod_index == 0:
-            return
-        port = self.plan.tracker_port + board_module.PORT_OFFSET
-        try:
-            self.board_client = board_module.BoardClient(self.plan.tracker_host, port, self.supervisor.watch,
-                                                         self.supervisor.unwatch, self._on_record, self._on_lost,
-                                                         self.plan.pods)
-        except (OSError, OverflowError) as error:
-            log.warning(f"xgboost: pod 0's stop board at {self.plan.tracker_host}:{port} is out of reach "
-                        f"({getattr(error, 'strerror', None) or error}): a failure elsewhere reaches this pod "
-                        "only through xgboost's own collective")
-
-    def _on_record(self, record: dict) -> None:
-        if record.get("pod") != self.plan.pod_index and self.adopted is None:
-            self.adopted = record
-            self.supervisor.begin_teardown()
-
-    def _on_lost(self) -> None:
-        if any(c.returncode is None for c in self.supervisor.children) and not self.posted:
-            self.pod_0_lost = True
-            self.supervisor.begin_teardown()
-
-    def _post_own_failure(self) -> None:
-        """Once a process here failed on its own (not a worker that only lost a peer), tell the board."""
-        if self.posted or self.adopted is not None:
-            return
-        if self.supervisor.first_failure is None and self.join_timeout is None:
-            return
-        from launcher.core.outcome import Reasons
-
-        outcome = self._judge()
-        if outcome.exit_code == 0 or outcome.reason in (Reasons.PEER_LOST, Reasons.TERMINATED):
-            return
-        record = {"pod": self.plan.pod_index, "outcome": outcome.to_json(self.launcher.retryable_exit_codes)}
-        self.posted = True
-        if self.board is not None:
-            self.board.post(record)
-        elif self.board_client is not None:
-            self.board_client.post(record)
-
-    def _serve(self) -> None:
-        """The supervisor's loop, looking after every step for a failure to post."""
-        while any(c.returncode is None for c in self.supervisor.children):
-            self.supervisor.poll(SERVE_STEP)
-            self._post_own_failure()
-        self.supervisor.run()  # orphans, the last output
-
-    def _serve_for(self, seconds: float, done: Callable[[], bool]) -> None:
-        end = time.monotonic() + seconds
-        while not done() and time.monotonic() < end:
-            self.supervisor.poll(min(SERVE_STEP, max(0.0, end - time.monotonic())))
-
-    def _final(self) -> Outcome:
-        from launcher.core.outcome import Outcome, Reasons, RootCause, stopped_by
-
-        node = self.plan.node
-        own = self._judge()
-        self._post_own_failure()
-        if self.board is not None:
-            if own.exit_code == 0 and self.adopted is None:
-                self.board.finish()
-            else:  # the others read the record before this pod, and its board, go away
-                self._serve_for(board_module.LINGER, lambda: self.board.clients == 0)
-        elif self.board_client is not None and own.reason == Reasons.PEER_LOST and self.adopted is None:
-            self._serve_for(PEER_WAIT, lambda: self.adopted is not None or self.pod_0_lost)
-        if self.adopted is not None:  # board.check_record vouched for its shape, and its pod's address
-            root = Outcome.from_json(self.adopted["outcome"])
-            return stopped_by(replace(root, message=f"{root.message} (reported by pod {self.adopted['pod']})"), node)
-        if self.pod_0_lost:
-            return Outcome.of(Reasons.PEER_LOST,
-                              f"pod 0 ({self.plan.tracker_host}), which runs the XGBoost tracker, went away without a "
-                              f"word while {node}'s workers ran; {node} stopped them", RootCause(node=node))
-        return own
-
-    def _start_tracker(self) -> None:
-        plan = self.plan
+    def _start_tracker(self, life: lifecycle.Life) -> None:
+        plan, early = life.plan, self.early_tracker
         if not plan.runs_tracker:
-            self._close("tracker-go-w")  # the early one leaves without a word
+            if early is not None:
+                early.go.close()  # it leaves without a word
+                life.supervisor.release(early.child)
             return
-        if self.early_tracker is not None:
-            self.tracker = self.early_tracker
-            word = {"workers": plan.num_worker, "port": plan.tracker_port, "host": plan.tracker_argv[-1]}
-            self._send("tracker-go-w", json.dumps(word).encode() + b"\n")
+        if early is not None:
+            self.tracker = early
+            early.go.send({"workers": plan.num_worker, "port": plan.tracker_port, "host": plan.tracker_argv[-1]})
+            early.go.close()
             return
-        ready_r, ready_w = self._pipe("tracker-ready")
-        self.tracker = self.supervisor.spawn(
-            "tracker", [*plan.tracker_argv, "--ready-fd", str(ready_w)], pass_fds=(ready_w,),
-            transform=lambda line: f"[tracker] {line}")
-        self._close("tracker-ready-w")
-        self.supervisor.watch(ready_r, self._on_ready)
+        self.tracker = _Tracker(life, list(plan.tracker_argv))
 
-    def _start_runners(self) -> None:
+    def _start_runners(self, life: lifecycle.Life) -> None:
         """Every planned worker: the early runner as worker 0 when the plan has one worker per pod
         run through the runner, and the rest (or all) now, waiting for their go word."""
-        plan = self.plan
-        self.workers = [_Spawned(w, report_path=self._report_path(w.task_id)) for w in plan.workers]
+        plan = life.plan
+        self.workers = [_Spawned(w, report_path=life.path(f"worker-{w.task_id}.json")) for w in plan.workers]
         reuse = self.early_runner is not None and plan.runner and plan.workers_per_pod == 1
         if self.early_runner is not None and not reuse:
-            self._close("runner-go-w")
+            self.runner_go.close()
+            life.supervisor.release(self.early_runner)
         if reuse:
             first = self.workers[0]
-            first.child, first.report_path, first.early = self.early_runner, self._report_path("early"), True
+            first.child, first.report_path, first.early = self.early_runner, life.path("worker-early.json"), True
         if not plan.runner:
             return
         rest = [spawned for spawned in self.workers if spawned.child is None]
         if not rest:
             return
-        go_r, _ = self._pipe("go")
-        if "joined-r" not in self._fds:
-            self._pipe("joined")
-        joined_w = self._fds["joined-w"]
+        self.shared_go = go = life.go_pipe()
+        if self.joined_pipe is None:
+            self.joined_pipe = life.listen(self._on_joined)
         for spawned in rest:
-            self._spawn(spawned, ["--go-fd", str(go_r), "--joined-fd", str(joined_w), "--report", spawned.report_path],
-                        (go_r, joined_w))
-        self._close("go-r")
+            options = ["--go-fd", str(go.child_fd), "--joined-fd", str(self.joined_pipe.child_fd),
+                       "--report", spawned.report_path]
+            self._spawn(life, spawned, options, (go, self.joined_pipe))
+        go.handed()
 
-    def _spawn(self, spawned: _Spawned, options: list[str], fds: tuple[int, ...]) -> None:
+    def _spawn(self, life: lifecycle.Life, spawned: _Spawned, options: list[str],
+               keep: tuple[lifecycle.GoPipe | lifecycle.Listen, ...] = ()) -> None:
         from launcher.core import settings
 
-        worker, argv = spawned.worker, list(self.plan.argv)
+        worker, argv = spawned.worker, list(life.plan.argv)
         if options:  # the runner's own, between it and the program
             at = argv.index(RUNNER) + 1
             argv[at:at] = options
         transform = (lambda line, task=worker.task_id: f"[rank-{task}]: {line}") if len(self.workers) > 1 else None
-        spawned.child = self.supervisor.spawn(f"worker-{worker.task_id}", argv,
-                                              {**settings.environ(), **worker.env_set, **self.watched}, pass_fds=fds,
-                                              transform=transform)
-
-    def _go(self) -> None:
-        self._close("joined-w")  # the runners hold it now: its end of file means they all left
-        self.supervisor.watch(self._fds["joined-r"], self._on_joined)
-        for spawned in self.workers:
-            if spawned.early:
-                env = {**spawned.worker.env_set, **self.watched}
-                self._send("runner-go-w", json.dumps({"env": env}).encode() + b"\n")
-        shared = sum(1 for spawned in self.workers if not spawned.early)
-        if shared:
-            self._send("go-w", runner_module.GO_WORD * shared)
+        spawned.child = life.spawn(f"worker-{worker.task_id}", argv,
+                                   {**settings.environ(), **worker.env_set, **life.runner_env()}, keep=keep,
+                                   transform=transform)
 
     # --- waiting -------------------------------------------------------------------------------
 
-    def _on_ready(self) -> None:
-        fd = self._fds["tracker-ready-r"]
-        self.tracker_ready = bool(os.read(fd, 64))
-        self._close("tracker-ready-r")
-
-    def _on_joined(self) -> None:
-        data = os.read(self._fds["joined-r"], 65536)
-        if not data:
-            self._close("joined-r")
-            return
-        self.joined.update(int(word) for word in data.split() if word.isdigit())
-
-    def _sleep(self, seconds: float) -> None:
-        """Serve for ``seconds``; Interrupted once a signal stops the job, a process failed, or
-        the tracker ended (an early helper the plan sent away may leave quietly)."""
-        end = time.monotonic() + seconds
-        while True:
-            self.supervisor.poll(max(0.0, min(end - time.monotonic(), 0.5)))
-            if self.supervisor.received_signal is not None or self.supervisor.first_failure is not None:
-                raise Interrupted()
-            if self.tracker is not None and self.tracker.returncode is not None:
-                raise Interrupted()
-            if time.monotonic() >= end:
-                return
-
-    def _wait(self, deadline: float) -> None:
+    def wait(self, life: lifecycle.Life) -> None:
         """The tracker's name, then its port (other pods) or its ready word (pod 0)."""
         from launcher.core import log, netwait
         from launcher.core.outcome import WaitTimeout
 
-        plan = self.plan
+        plan, supervisor, deadline = life.plan, life.supervisor, self.deadline
         try:
             if plan.resolve:
-                netwait.wait_until_resolves(plan.resolve, deadline, self._sleep, log.info)
+                netwait.wait_until_resolves(plan.resolve, deadline, supervisor.sleep, log.info)
             if plan.connect:
-                netwait.wait_until_accepts(*plan.connect, deadline, lambda s: self._sleep(min(s, KNOCK_INTERVAL)),
-                                           log.info)
+                netwait.wait_until_accepts(*plan.connect, deadline,
+                                           lambda s: supervisor.sleep(min(s, KNOCK_INTERVAL)), log.info)
         except WaitTimeout as error:
             raise WaitTimeout(f"the XGBoost tracker (DMLC_TRACKER_URI:DMLC_TRACKER_PORT, pod 0) never came up "
-                              f"within {self.launcher.rendezvous_timeout:g}s: {error}") from None
+                              f"within {life.launcher.rendezvous_timeout:g}s: {error}") from None
         if self.tracker is not None:
-            while not self.tracker_ready:
+            while not self.tracker.ready:
                 if time.monotonic() >= deadline:
                     raise WaitTimeout(f"the XGBoost tracker on {plan.node} did not listen on port "
-                                      f"{plan.tracker_port} within {self.launcher.rendezvous_timeout:g}s")
-                self._sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                                      f"{plan.tracker_port} within {life.launcher.rendezvous_timeout:g}s")
+                supervisor.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
-    def _watch_joins(self, deadline: float) -> None:
+    # --- going ---------------------------------------------------------------------------------
+
+    def go(self, life: lifecycle.Life) -> None:
+        self.stops.join()
+        if not life.plan.runner:
+            for spawned in self.workers:
+                self._spawn(life, spawned, [])
+            return
+        self.joined_pipe.handed()  # the runners hold it now: its end of file means they all left
+        for spawned in self.workers:
+            if spawned.early:
+                self.runner_go.send({"env": {**spawned.worker.env_set, **life.runner_env()}})
+                self.runner_go.close()
+        shared = sum(1 for spawned in self.workers if not spawned.early)
+        if shared:
+            self.shared_go.send(runner_module.GO_WORD * shared)
+            self.shared_go.close()
+        self._watch_joins(life, time.monotonic() + life.launcher.rendezvous_timeout)
+
+    def _on_joined(self, data: bytes) -> None:
+        self.joined.update(int(word) for word in data.split() if word.isdigit())
+
+    def _watch_joins(self, life: lifecycle.Life, deadline: float) -> None:
         """Serve until every local worker has joined the tracker, or time the job out."""
         from launcher.core.outcome import Outcome, Reasons, RootCause
 
         expected = {spawned.worker.task_id for spawned in self.workers}
-        supervisor = self.supervisor
+        supervisor, plan = life.supervisor, life.plan
         while not expected <= self.joined:
             if supervisor.received_signal is not None or supervisor.first_failure is not None:
                 return
             if all(s.child.returncode is not None for s in self.workers):
                 return
-            self._post_own_failure()
+            self._post_own_failure(life)
             if time.monotonic() >= deadline:
                 missing = sorted(expected - self.joined)
                 self.join_timeout = Outcome.of(
                     Reasons.RENDEZVOUS_TIMEOUT,
-                    f"XGBoost task(s) {', '.join(map(str, missing[:20]))} on {self.plan.node} did not join the tracker "
-                    f"at {self.plan.tracker_host}:{self.plan.tracker_port} within "
-                    f"{self.launcher.rendezvous_timeout:g}s: it waits for all DMLC_NUM_WORKER={self.plan.num_worker} "
+                    f"XGBoost task(s) {', '.join(map(str, missing[:20]))} on {plan.node} did not join the tracker "
+                    f"at {plan.tracker_host}:{plan.tracker_port} within "
+                    f"{life.launcher.rendezvous_timeout:g}s: it waits for all DMLC_NUM_WORKER={plan.num_worker} "
                     "workers (a pod still pending, or pods that see different GPU counts?)",
-                    RootCause(node=self.plan.node))
+                    RootCause(node=plan.node))
                 supervisor.begin_teardown()
                 return
             supervisor.poll(min(0.5, max(0.0, deadline - time.monotonic())))
 
+    def serve(self, life: lifecycle.Life) -> None:
+        """The supervisor's loop, looking after every step for a failure to post."""
+        supervisor = life.supervisor
+        if not life.interrupted:
+            while any(c.returncode is None for c in supervisor.children):
+                supervisor.poll(SERVE_STEP)
+                self._post_own_failure(life)
+        supervisor.run()  # orphans, the last output
+
+    def _post_own_failure(self, life: lifecycle.Life) -> None:
+        """Once a process here failed on its own (not a worker that only lost a peer), tell the board."""
+        stops = self.stops
+        if stops is None or stops.posted or stops.adopted is not None:
+            return
+        if life.supervisor.first_failure is None and self.join_timeout is None:
+            return
+        stops.post(self.judge(life))
+
     # --- judging -------------------------------------------------------------------------------
 
-    def _outcome(self) -> Outcome:
-        self.supervisor.run()
-        return self._judge()
+    def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
+        if life.interrupted or self.stops is None:
+            return own
+        self._post_own_failure(life)
+        return self.stops.settle(own)
 
-    def _judge(self) -> Outcome:
+    def judge(self, life: lifecycle.Life) -> Outcome:
         """This pod's own outcome, from what has happened so far."""
         from launcher.core.outcome import RootCause, classify, last_lines, success, terminated
 
-        supervisor, node = self.supervisor, self.plan.node
-        if self.monitor is not None and self.monitor.hang is not None:
-            return self.monitor.hang
+        supervisor, node = life.supervisor, life.node
+        if life.watch is not None and life.watch.hang is not None:
+            return life.watch.hang
         if self.join_timeout is not None:
             return self.join_timeout
         first = supervisor.first_failure
@@ -498,8 +337,8 @@ class _Pod:
             if supervisor.received_signal is not None:
                 return terminated(supervisor.received_signal).on_node(node)
             return success()
-        codes = self.launcher.retryable_exit_codes
-        if first is self.tracker or first is self.early_tracker:
+        codes = life.launcher.retryable_exit_codes
+        if any(tracker is not None and first is tracker.child for tracker in (self.tracker, self.early_tracker)):
             outcome = classify(first.returncode, retryable_codes=codes, evidence=first.evidence,
                                root_cause=RootCause(node=node), what=f"the XGBoost tracker on {node}")
             return outcome.with_extra(**last_lines(first.tail))
@@ -508,29 +347,22 @@ class _Pod:
             early = classify(first.returncode, retryable_codes=codes, evidence=first.evidence,
                              what=f"the XGBoost worker started early on {node}")
             return early.with_extra(**last_lines(first.tail)).on_node(node)
-        return self._worker_outcome(spawned)
+        return self._worker_outcome(life, spawned)
 
     def _root_worker(self, first: Child) -> _Spawned | None:
         """The worker that failed on its own: the first to fail, unless it only lost a peer and a
         neighbour on this pod failed on its own a moment later."""
         spawned = next((s for s in self.workers if s.child is first), None)
-        if spawned is None or not self._peer_lost(spawned):
+        if spawned is None or not _peer_lost(spawned):
             return spawned
         own = [s for s in self.workers if s.child is not None and s.child.returncode not in (0, None)
-               and _read_report(s.report_path) is not None and not self._peer_lost(s)]
+               and _read_report(s.report_path) is not None and not _peer_lost(s)]
         return min(own, key=lambda s: s.child.exited_at) if own else spawned
 
-    def _peer_lost(self, spawned: _Spawned) -> bool:
-        report = _read_report(spawned.report_path)
-        if report is not None:
-            return bool(report.get("peerLost"))
-        # No report (program mode, or killed): what xgboost printed before the end.
-        return bool(runner_module.PEER_LOSS.search("\n".join(spawned.child.tail)))
-
-    def _worker_outcome(self, spawned: _Spawned) -> Outcome:
+    def _worker_outcome(self, life: lifecycle.Life, spawned: _Spawned) -> Outcome:
         from launcher.core.outcome import Outcome, Reasons, RootCause, classify, internal_error, last_lines, signal_name
 
-        child, worker, node = spawned.child, spawned.worker, self.plan.node
+        child, worker, node = spawned.child, spawned.worker, life.node
         returncode = child.returncode
         cause = RootCause(node=node, rank=worker.task_id, local_rank=worker.local_rank,
                           exit_code=returncode if returncode > 0 else None,
@@ -543,7 +375,7 @@ class _Pod:
         if report.get("reason") == Reasons.UNSUPPORTED_VERSION and report.get("error"):
             # The runner refused the interpreter's xgboost before importing it (launcher/core/versions.py).
             return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {report['error']}", cause)
-        if self._peer_lost(spawned):
+        if _peer_lost(spawned):
             # Worded so launcher.core.job_outcome (PEER_LOSS_PATTERN) never takes this pod for the
             # job's root cause: xgboost's own words ("Encountered EOF. The other end is likely
             # closed.") say the same thing, but not in the pattern's.
@@ -552,16 +384,19 @@ class _Pod:
                                  f"{what} lost a peer: a worker on another pod failed or went away, or the tracker did",
                                  cause, evidence=f"connection closed by peer: {said}"[:500])
         else:
-            outcome = classify(returncode, retryable_codes=self.launcher.retryable_exit_codes,
+            outcome = classify(returncode, retryable_codes=life.launcher.retryable_exit_codes,
                                evidence=child.evidence, root_cause=cause, what=what)
         if report.get("error"):
             outcome = outcome.with_extra(error=report["error"])
         return outcome.with_extra(**last_lines(child.tail))
 
 
-def allowed_env(launcher: LauncherSettings) -> dict[str, str]:
-    """``--allow-untested-versions 1`` for the runners, which read only the variable."""
-    return {"LAUNCHER_ALLOW_UNTESTED_VERSIONS": "1"} if getattr(launcher, "allow_untested_versions", False) else {}
+def _peer_lost(spawned: _Spawned) -> bool:
+    report = _read_report(spawned.report_path)
+    if report is not None:
+        return bool(report.get("peerLost"))
+    # No report (program mode, or killed): what xgboost printed before the end.
+    return bool(runner_module.PEER_LOSS.search("\n".join(spawned.child.tail)))
 
 
 def _peer_loss_line(child: Child) -> str:

@@ -14,8 +14,11 @@ from typing import Annotated
 
 from pydantic_settings import NoDecode
 
-from launcher.core import settings
+from launcher import status
+from launcher.core import lifecycle, netwait, settings
+from launcher.core.exec_job import CommandPod, node_name
 from launcher.core.knobs import Knob, Override
+from launcher.core.outcome import ConfigError
 from launcher.core.settings import Invalid, Settings, field, int_in, parsed, split_host_port
 
 NAME = "testfw"
@@ -45,20 +48,22 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
-    from launcher.core import netwait
-    from launcher.core.exec_job import supervise
-    from launcher.core.outcome import ConfigError
-    from launcher.core.report import run_command
-    from launcher.status.monitor import start as start_monitor
+    return lifecycle.live(TestFwPod(rest), overrides, status.start_watch)
 
-    def body(launcher) -> object:
-        testfw = settings.load(TestFwSettings)
-        if not rest:
+
+class TestFwPod(CommandPod):
+    """The framework's part of the pod's life: its plan and its wait; the rest is core's command pod."""
+
+    name = NAME
+
+    def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
+        self.testfw = settings.load(TestFwSettings)
+        if not self.command:
             raise ConfigError("PROGRAM", None, f"a program after --: {USAGE}")
-        if testfw.peer is not None:
-            netwait.wait_until_accepts(*testfw.peer, time.monotonic() + launcher.rendezvous_timeout)
-        env = {**settings.environ(), "TESTFW_WORLD_SIZE": str(testfw.world)}
-        return supervise(launcher, rest, env,
-                         watch=lambda supervisor, node: start_monitor(launcher, supervisor, node=node, sends=True))
+        self.env = {**settings.environ(), "TESTFW_WORLD_SIZE": str(self.testfw.world)}
+        return lifecycle.Planned(None, node_name(), "", sends=True)
 
-    return run_command(overrides, body)
+    def wait(self, life: lifecycle.Life) -> None:
+        if self.testfw.peer is not None:
+            deadline = time.monotonic() + life.launcher.rendezvous_timeout
+            netwait.wait_until_accepts(*self.testfw.peer, deadline, life.supervisor.sleep)

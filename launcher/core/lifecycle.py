@@ -1,0 +1,293 @@
+"""The pod's life, written once. Every framework's pod walks the same steps, in this order:
+
+    start early ─► settings ─► plan ─► watch ─► start ─► wait for peers ─► go ─► serve ─► judge ─► conclude ─► deliver
+
+A framework supplies a :class:`Pod`: what it starts before the launcher validates (processes whose
+slow ``import`` overlaps ours, each held by a go pipe), its plan, its wait, its go word, how it
+judges its children and what it settles with the other pods. :func:`live` does the rest, the same
+way for all of them: the supervisor and its knobs, the plan's log line, the status watch and its
+variables, the go pipes closed on every path (a child whose pipe closes without a word leaves
+quietly), a wait that times out, teardown, the watch's verdict on a hang, delivery.
+
+``core`` imports nothing above it: the status watch comes in as a :data:`StartWatch`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol
+
+from launcher.core.supervisor import Child, Interrupted, Supervisor
+
+if TYPE_CHECKING:
+    from launcher.core.outcome import LauncherError, Outcome
+    from launcher.core.settings import LauncherSettings, Override
+
+
+class JobWatch(Protocol):
+    """What the lifecycle needs of whoever watches the job's progress (the status services)."""
+
+    hang: Outcome | None  # set when the watch ended the job as hung: that is its outcome
+
+    def rank_env(self) -> dict[str, str]:
+        """The variables the job's processes need to report to the watch."""
+
+    def done(self) -> None:
+        """The job's processes are gone: stop watching them (the final status goes out on delivery)."""
+
+    def close(self) -> None:
+        """After delivery: nothing more to send."""
+
+
+# Starts the watch of this pod's job, once it is planned (what it needs is in ``life.planned``), or
+# says None: nothing to watch.
+StartWatch = Callable[["Life"], "JobWatch | None"]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a pod's plan hook gives the lifecycle."""
+
+    plan: object | None  # the framework's frozen plan, with ``to_json()``
+    node: str  # this pod's name, in outcomes and status
+    summary: str  # the plan's one log line ("": none)
+    sends: bool = False  # this pod reports the job to the status server (one sender per job)
+    watch: dict = field(default_factory=dict)  # more for the status watch (launcher.status.monitor.start)
+
+
+class _Pipe:
+    """One pipe between this launcher and its children: ``child_fd`` is their end until handed."""
+
+    child_fd = -1
+
+    def handed(self) -> None:
+        """The children hold their end now: drop ours (their end of file comes from us alone)."""
+        if self.child_fd != -1:
+            os.close(self.child_fd)
+            self.child_fd = -1
+
+
+class GoPipe(_Pipe):
+    """A pipe to a child that waits for its go word: JSON lines (or raw words) until closed. A
+    child that reads end of file without a word leaves at once, quietly. A gone child is no error
+    here: the supervisor sees it exit."""
+
+    def __init__(self) -> None:
+        self.child_fd, self.fd = os.pipe()
+
+    def send(self, message: dict | bytes) -> None:
+        if self.fd == -1:
+            return
+        data = message if isinstance(message, bytes) else json.dumps(message).encode() + b"\n"
+        try:
+            os.write(self.fd, data)
+        except BrokenPipeError:
+            self.close()
+
+    def close(self) -> None:
+        self.handed()
+        if self.fd != -1:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Listen(_Pipe):
+    """A pipe children write to and the supervisor's loop reads: ``on_data`` gets each read, and
+    ``b""`` once every writer is gone (then the pipe is closed)."""
+
+    def __init__(self, supervisor: Supervisor, on_data: Callable[[bytes], None], size: int = 65536) -> None:
+        self.fd, self.child_fd = os.pipe()
+        self.supervisor, self.on_data, self.size = supervisor, on_data, size
+        supervisor.watch(self.fd, self._readable)
+
+    def _readable(self) -> None:
+        data = os.read(self.fd, self.size)
+        if not data:
+            self.close()
+        self.on_data(data)
+
+    def close(self) -> None:
+        self.handed()
+        if self.fd != -1:
+            self.supervisor.unwatch(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Life:
+    """One pod's run: what every hook is handed. ``launcher``, ``planned`` and ``watch`` fill in as
+    the steps pass; ``workdir`` is private to this run and removed at its end."""
+
+    def __init__(self, supervisor: Supervisor, name: str) -> None:
+        self.supervisor = supervisor
+        self.workdir = tempfile.mkdtemp(prefix=f"trainer-launcher-{name}-")
+        self.launcher: LauncherSettings | None = None
+        self.planned: Planned | None = None
+        self.watch: JobWatch | None = None
+        self.watched: dict[str, str] = {}  # the watch's variables for the job's processes
+        self.interrupted = False  # the wait was cut short by a signal or an early exit
+        self._pipes: list[GoPipe | Listen] = []
+        self._closing: list[Callable[[], None]] = []
+
+    @property
+    def plan(self):
+        return self.planned.plan if self.planned is not None else None
+
+    @property
+    def node(self) -> str:
+        return self.planned.node if self.planned is not None else socket.gethostname()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.workdir, name)
+
+    def runner_env(self) -> dict[str, str]:
+        """What a runner (launcher/runner/) gets with its go word beside the plan's: the watch's
+        variables, and ``--allow-untested-versions``, since its version gate reads only the variable."""
+        allowed = self.launcher is not None and self.launcher.allow_untested_versions
+        return {**self.watched, **({"LAUNCHER_ALLOW_UNTESTED_VERSIONS": "1"} if allowed else {})}
+
+    def go_pipe(self) -> GoPipe:
+        pipe = GoPipe()
+        self._pipes.append(pipe)
+        return pipe
+
+    def listen(self, on_data: Callable[[bytes], None], size: int = 65536) -> Listen:
+        pipe = Listen(self.supervisor, on_data, size)
+        self._pipes.append(pipe)
+        return pipe
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+              pipes: tuple[GoPipe | Listen, ...] = (), keep: tuple[GoPipe | Listen, ...] = (),
+              transform: Callable[[str], str] | None = None) -> Child:
+        """Start ``argv`` under the supervisor with ``pipes`` (and ``keep``) as its own; ``pipes``
+        are handed over, ``keep`` stay ours to pass to more children."""
+        fds = tuple(pipe.child_fd for pipe in (*pipes, *keep))
+        child = self.supervisor.spawn(name, argv, env, pass_fds=fds, transform=transform)
+        for pipe in pipes:
+            pipe.handed()
+        return child
+
+    def stop_waiting(self) -> None:
+        """Every go pipe closes unsaid: whoever waits on one leaves without a word."""
+        for pipe in self._pipes:
+            if isinstance(pipe, GoPipe):
+                pipe.close()
+
+    def stopping(self) -> bool:
+        """A signal stopped the job, or a process failed: no go word from here on."""
+        return self.supervisor.received_signal is not None or self.supervisor.first_failure is not None
+
+    def closing(self, close: Callable[[], None]) -> None:
+        """Call ``close`` at the end of the run, after delivery."""
+        self._closing.append(close)
+
+    def close(self) -> None:
+        for pipe in self._pipes:
+            pipe.close()
+        for close in self._closing:
+            close()
+        if self.watch is not None:
+            self.watch.close()  # after delivery: its final status has gone out
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class Pod:
+    """A framework's part of the pod's life. Only :meth:`plan` and :meth:`judge` must be given."""
+
+    name = "job"
+
+    def start_early(self, life: Life) -> None:
+        """Start what imports slowly, before the launcher loads anything heavy: each held by a go
+        pipe (:meth:`Life.go_pipe`) until :meth:`go`."""
+
+    def plan(self, life: Life) -> Planned:
+        """Validate and plan (``life.launcher`` is loaded); a LauncherError is the pod's outcome."""
+        raise NotImplementedError
+
+    def start(self, life: Life) -> None:
+        """Start what the plan asks for before the wait (the rest comes with :meth:`go`)."""
+
+    def wait(self, life: Life) -> None:
+        """Wait for the peers, serving the supervisor (``supervisor.sleep``): Interrupted when the
+        job stops meanwhile, a LauncherError (say WaitTimeout) when a peer never came."""
+
+    def wait_failed(self, life: Life, error: LauncherError) -> Outcome:
+        """The outcome of a wait that failed, once everything started is gone."""
+        return error.outcome().on_node(life.node)
+
+    def go(self, life: Life) -> None:
+        """Let the job run: the go words, or the processes started now."""
+
+    def serve(self, life: Life) -> None:
+        """Serve until the job's processes are gone."""
+        life.supervisor.run()
+
+    def judge(self, life: Life) -> Outcome:
+        """This pod's outcome from how its processes ended."""
+        raise NotImplementedError
+
+    def conclude(self, life: Life, own: Outcome) -> Outcome:
+        """Settle with the other pods: the job's outcome as this pod reports it."""
+        return own
+
+
+def live(pod: Pod, launcher_overrides: dict[str, Override], start_watch: StartWatch | None = None) -> int:
+    """Walk ``pod`` through its life; deliver its outcome; return the exit code."""
+    with Supervisor() as supervisor:
+        life = Life(supervisor, pod.name)
+        try:
+            pod.start_early(life)
+            from launcher.core.report import run_command  # pydantic: while the early ones import
+
+            return run_command(launcher_overrides, lambda launcher: _walk(pod, life, launcher, start_watch))
+        finally:
+            life.stop_waiting()
+            life.close()
+
+
+def _walk(pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWatch | None) -> Outcome:
+    from launcher.core import log, workspace
+    from launcher.core.outcome import LauncherError, evidence_regex
+
+    supervisor = life.supervisor
+    life.launcher = launcher
+    supervisor.grace_period = launcher.grace_period
+    supervisor.evidence = evidence_regex(launcher.retryable_pattern)
+    try:
+        workspace.warn_if_unwritable()
+        life.planned = planned = pod.plan(life)
+    except LauncherError as error:
+        life.stop_waiting()  # only the launcher's own line is said
+        return error.outcome().on_node(life.node)
+    if planned.summary:
+        log.info(planned.summary, **({"plan": planned.plan.to_json()} if planned.plan is not None else {}))
+    if start_watch is not None:
+        # Progress, the TrainJob's status (one pod sends) and hangs.
+        life.watch = start_watch(life)
+        if life.watch is not None:
+            life.watched = life.watch.rank_env()
+    try:
+        pod.start(life)
+        pod.wait(life)
+    except Interrupted:
+        life.interrupted = True  # judged below
+        life.stop_waiting()
+    except LauncherError as error:
+        life.stop_waiting()
+        supervisor.kill_all()
+        supervisor.run()
+        return pod.wait_failed(life, error)
+    if not life.interrupted and not life.stopping():
+        pod.go(life)
+    pod.serve(life)
+    if life.watch is not None:
+        life.watch.done()
+    own = pod.judge(life)
+    if life.watch is not None and life.watch.hang is not None:
+        own = life.watch.hang  # the watch ended the job as hung: the exits are its teardown
+    return pod.conclude(life, own)

@@ -1,0 +1,141 @@
+"""The pod's life, written once (launcher/core/lifecycle.py): the steps in their order, and what
+each way out of them does to the processes started early and to the outcome. A stand-in pod that
+records its hooks runs in a process of its own (the supervisor tears down every process below the
+one it runs in: in pytest's own, the session's servers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import clean_env
+
+POD = r"""
+import json, os, sys, time
+from launcher.core import lifecycle
+from launcher.core.outcome import ConfigError, WaitTimeout, classify, success
+
+how, record = sys.argv[1], sys.argv[2]
+# Started early, it waits for its go word and says what it got: the word, or end of file.
+EARLY = "import os, sys; data = os.read(int(sys.argv[1]), 100); print('early got ' + (data.decode().strip() or 'EOF'))"
+
+
+class Stand(lifecycle.Pod):
+    name = "stand"
+
+    def __init__(self):
+        self.steps = []
+
+    def step(self, name):
+        self.steps.append(name)
+        with open(record + ".tmp", "w") as handle:
+            json.dump(self.steps, handle)
+        os.replace(record + ".tmp", record)
+
+    def start_early(self, life):
+        self.step("start_early")
+        self.go_word = life.go_pipe()
+        self.early = life.spawn("early", [sys.executable, "-c", EARLY, str(self.go_word.child_fd)],
+                                pipes=(self.go_word,))
+
+    def plan(self, life):
+        self.step("plan")
+        if how == "bad-plan":
+            raise ConfigError("STAND_VALUE", "x", "a value the stand-in takes")
+        return lifecycle.Planned(None, "pod-a", "stand: planned")
+
+    def start(self, life):
+        self.step("start")
+
+    def wait(self, life):
+        self.step("wait")
+        if how == "wait-times-out":
+            raise WaitTimeout("the stand-in's peer never came")
+        if how == "signal-in-wait":
+            while True:
+                life.supervisor.sleep(0.2)
+
+    def go(self, life):
+        self.step("go")
+        self.go_word.send(b"go\n")
+        self.go_word.close()
+
+    def judge(self, life):
+        self.step("judge")
+        if life.supervisor.received_signal is not None:
+            return classify(128 + life.supervisor.received_signal, what="the stand-in")
+        return success()
+
+    def conclude(self, life, own):
+        self.step("conclude")
+        return classify(7, what="the stand-in's conclusion") if how == "concluded" else own
+
+
+sys.exit(lifecycle.live(Stand(), {}))
+"""
+
+
+def live(tmp_path, how: str, signal_at: str | None = None) -> tuple[int, list[str], str]:
+    record = tmp_path / "steps.json"
+    process = subprocess.Popen([sys.executable, "-c", POD, how, str(record)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=clean_env())
+    if signal_at is not None:
+        deadline = time.monotonic() + 60
+        while not (record.exists() and signal_at in json.loads(record.read_text())):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    return process.returncode, json.loads(record.read_text()), out + err
+
+
+def test_a_pod_walks_every_step_in_order_and_its_early_process_gets_the_go_word(tmp_path):
+    code, steps, said = live(tmp_path, "runs")
+    assert code == 0, said
+    assert steps == ["start_early", "plan", "start", "wait", "go", "judge", "conclude"]
+    assert "early got go" in said and "stand: planned" in said
+
+
+def test_what_the_pod_settles_with_its_peers_is_the_outcome(tmp_path):
+    code, steps, said = live(tmp_path, "concluded")
+    assert code == 7 and "the stand-in's conclusion" in said
+
+
+def test_bad_input_ends_after_the_plan_in_one_line_naming_the_pod_and_the_early_process_leaves_unsaid(tmp_path):
+    code, steps, said = live(tmp_path, "bad-plan")
+    assert code == 2 and steps == ["start_early", "plan"]
+    assert "STAND_VALUE" in said and "Traceback" not in said
+    assert "early got go" not in said
+
+
+def test_a_wait_that_times_out_tears_down_what_started_and_is_retryable_138(tmp_path):
+    code, steps, said = live(tmp_path, "wait-times-out")
+    assert code == 138, said
+    assert steps == ["start_early", "plan", "start", "wait"]
+    assert "the stand-in's peer never came" in said and "early got go" not in said
+
+
+def test_a_signal_during_the_wait_skips_the_go_word_and_is_judged(tmp_path):
+    code, steps, said = live(tmp_path, "signal-in-wait", signal_at="wait")
+    assert code == 128 + signal.SIGTERM, said
+    assert steps == ["start_early", "plan", "start", "wait", "judge", "conclude"]
+    assert "early got go" not in said
+
+
+def test_no_child_outlives_the_pod(tmp_path):
+    code, _, said = live(tmp_path, "wait-times-out")
+    early = [line for line in said.splitlines() if "early got" in line]
+    assert code == 138 and early in ([], ["early got EOF"]), said
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_stand_in(pid)]
+
+
+def _is_stand_in(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return b"early got" in handle.read()
+    except OSError:
+        return False
