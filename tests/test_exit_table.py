@@ -176,7 +176,7 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
     """An instance of each class, the exit code the table gives it and whether it is retryable."""
     from launcher.core.outcome import ConfigError, UnsupportedVersion, WaitTimeout
     from launcher.core.supervisor import SpawnError
-    from launcher.initializers.engine import CorruptDataError, PermanentError, TransientError
+    from launcher.initializers.errors import CorruptDataError, PermanentError, TransientError
     from launcher.initializers.lease import LeaseTimeout
 
     return [
@@ -266,10 +266,10 @@ def permanent_error_reasons() -> set[str]:
     """Every reason a PermanentError can carry: the literal ones in the source (a new
     ``raise PermanentError(..., "Reason")`` is covered without editing this test) and every
     value of the tables the computed ones are looked up in."""
-    from launcher.initializers import engine, http, s3
+    from launcher.initializers import errors, http, s3
 
     reasons = set(http._PERMANENT.values()) | set(s3.S3_PERMANENT_CODES.values())
-    reasons |= set(s3.BOTOCORE_PERMANENT.values()) | set(engine.PERMANENT_ERRNOS.values())
+    reasons |= set(s3.BOTOCORE_PERMANENT.values()) | set(errors.PERMANENT_ERRNOS.values())
     reasons |= set(s3.OBSTORE_PERMANENT.values()) | set(s3.OBSTORE_PERMANENT_STATUS.values())
     return reasons | _reasons_in_the_source()[0]
 
@@ -283,7 +283,7 @@ def test_computed_storage_reasons_come_only_from_the_tables_walked_here():
 
 @pytest.mark.parametrize("reason", sorted(permanent_error_reasons()))
 def test_every_permanent_storage_reason_is_exit_2_and_fails_the_job(tmp_path, reason):
-    from launcher.initializers.engine import PermanentError
+    from launcher.initializers.errors import PermanentError
 
     outcome = storage_outcome(PermanentError("what happened", reason))
     assert outcome.reason == reason
@@ -292,9 +292,9 @@ def test_every_permanent_storage_reason_is_exit_2_and_fails_the_job(tmp_path, re
 
 @pytest.mark.parametrize("error_class", ["TransientError", "CorruptDataError"])
 def test_a_transient_storage_error_is_138_and_retried(tmp_path, error_class):
-    from launcher.initializers import engine
+    from launcher.initializers import errors
 
-    outcome = storage_outcome(getattr(engine, error_class)("connection reset"))
+    outcome = storage_outcome(getattr(errors, error_class)("connection reset"))
     assert outcome.reason == "StorageUnavailable"
     assert_agrees(outcome, tmp_path, TRANSIENT, True)
 
@@ -432,7 +432,7 @@ def test_every_hub_error(tmp_path, cls_name, status, exit_code, reason):
 
 @pytest.mark.parametrize("code", sorted(errno.errorcode), ids=lambda c: errno.errorcode[c])
 def test_every_local_errno(tmp_path, code):
-    from launcher.initializers.engine import PERMANENT_ERRNOS
+    from launcher.initializers.errors import PERMANENT_ERRNOS
 
     outcome = storage_outcome(OSError(code, os.strerror(code), "/workspace/dataset/train.csv"))
     assert outcome.message == f"/workspace/dataset/train.csv: {os.strerror(code)}"
@@ -457,7 +457,8 @@ def test_which_local_errors_heal_on_retry(name, permanent):
 def test_a_source_path_that_cannot_be_read_as_a_file_is_permanent(tmp_path):
     """file:// from a mounted volume: a source errno that no retry fixes (EISDIR here; EACCES
     cannot be provoked as root) is as permanent as on the target."""
-    from launcher.initializers.engine import PermanentError, RemoteFile
+    from launcher.initializers.errors import PermanentError
+    from launcher.initializers.listing import RemoteFile
     from launcher.initializers.sources import FileSource
 
     source = FileSource.__new__(FileSource)

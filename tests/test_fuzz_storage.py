@@ -20,7 +20,9 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import example, given, strategies as st
 
-from launcher.initializers.engine import STATE_DIR, Engine, PermanentError
+from launcher.initializers.engine import Engine
+from launcher.initializers.errors import PermanentError
+from launcher.initializers.state import STATE_DIR
 from launcher.initializers import job
 from launcher.initializers.job import extract
 from launcher.initializers.s3 import S3Source

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, clean_env, launcher, wait_for
-from launcher.initializers import engine as engine_module
-from launcher.initializers.engine import Engine, TransientError
+from launcher.initializers import commit
+from launcher.initializers.engine import Engine
+from launcher.initializers.errors import TransientError
 from launcher.initializers.sources import FileSource
 from launcher.initializers.uri import parse_storage_uri
 
@@ -182,14 +183,14 @@ def test_a_journal_line_is_written_only_after_the_file_is_durable_under_its_name
     tree = make_tree(source)
     journal = out / ".trainer-launcher" / "manifest.journal"
     seen: list[tuple[set, set]] = []
-    real = engine_module._syncfs
+    real = commit._syncfs
 
     def observed(fd):
         journaled = {json.loads(line)["path"] for line in journal.read_text().splitlines()} if journal.exists() else set()
         seen.append((set(files_under(out)), journaled))
         real(fd)
 
-    monkeypatch.setattr(engine_module, "_syncfs", observed)
+    monkeypatch.setattr(commit, "_syncfs", observed)
     copy(source, out)
     assert len(seen) >= 2
     assert seen[0] == (set(), set())  # nothing under a final name before a sync made its bytes durable

@@ -12,7 +12,8 @@ import zipfile
 import pytest
 
 from conftest import REPO, clean_env, launcher
-from launcher.initializers.engine import PermanentError, RemoteFile, refuse_clashes, safe_destination, select
+from launcher.initializers.errors import PermanentError
+from launcher.initializers.listing import RemoteFile, refuse_clashes, safe_destination, select
 from launcher.initializers.job import extract, refuse_links_into_state
 from launcher.initializers.uri import parse_storage_uri, redact_uri
 from launcher.core.outcome import ConfigError

@@ -18,7 +18,7 @@ from urllib.parse import urljoin, urlsplit
 from urllib.request import Request, getproxies, proxy_bypass, urlopen
 
 from launcher.core.outcome import Reasons
-from launcher.initializers.engine import PermanentError, TransientError
+from launcher.initializers.errors import PermanentError, TransientError
 
 _PERMANENT = {400: Reasons.BAD_REQUEST, 401: Reasons.AUTH_FAILED, 403: Reasons.AUTH_FAILED, 404: Reasons.NOT_FOUND,
               410: Reasons.NOT_FOUND}

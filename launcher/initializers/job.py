@@ -9,10 +9,10 @@ import tarfile
 import zipfile
 
 from launcher.core import log, settings, workspace
-from launcher.initializers.engine import (
-    STATE_DIR, Engine, PermanentError, Summary, TransientError, outside_the_data, permanent_os_error,
-    safe_destination, select,
-)
+from launcher.initializers.engine import Engine, Summary
+from launcher.initializers.errors import PermanentError, TransientError, permanent_os_error
+from launcher.initializers.listing import outside_the_data, safe_destination, select
+from launcher.initializers.state import STATE_DIR
 from launcher.initializers import lease
 from launcher.initializers.uri import StorageUri, parse_storage_uri
 from launcher.core.outcome import ConfigError, LauncherError, Outcome, Reasons, terminated
@@ -97,7 +97,7 @@ def failure_outcome(error: PermanentError | TransientError | OSError, uri: Stora
     permanent storage error, a target the pod may not write or that is full) exits 2, the rest
     138. Retryable follows from the code, at delivery."""
     extra = {"uri": uri.shown}
-    if isinstance(error, LauncherError):  # a storage error names its reason (initializers.engine)
+    if isinstance(error, LauncherError):  # a storage error names its reason (initializers.errors)
         return error.outcome(f"{uri.shown}: {error}").with_extra(**extra)
     where = error.filename if isinstance(error.filename, str) else target
     said = f"{where}: {error.strerror or error}"

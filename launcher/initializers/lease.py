@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from launcher.core.outcome import Reasons
-from launcher.initializers.engine import TransientError, own_state_directory
+from launcher.initializers.errors import TransientError
+from launcher.initializers.state import own_state_directory
 from launcher.initializers.knobs import INIT_KNOBS
 
 LEASE = "lease"

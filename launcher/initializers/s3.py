@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Iterator
 
 from launcher.core.outcome import Reason, Reasons
-from launcher.initializers.engine import CorruptDataError, PermanentError, RemoteFile, TransientError
+from launcher.initializers.errors import CorruptDataError, PermanentError, TransientError
+from launcher.initializers.listing import RemoteFile
 
 if TYPE_CHECKING:
     from launcher.initializers.uri import StorageUri

@@ -8,8 +8,9 @@ from typing import Callable, Iterator
 from urllib.parse import quote
 
 from launcher.core.outcome import Reasons
-from launcher.initializers.engine import PermanentError, RemoteFile, TransientError, local_source_error
+from launcher.initializers.errors import PermanentError, TransientError, local_source_error
 from launcher.initializers.http import get_range, open_url
+from launcher.initializers.listing import RemoteFile
 from launcher.initializers.uri import StorageUri
 
 

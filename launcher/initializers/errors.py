@@ -1,0 +1,62 @@
+"""The storage errors: what may heal on another try, and what no retry fixes."""
+
+from __future__ import annotations
+
+import errno
+
+from launcher.core.outcome import LauncherError, Reason, Reasons
+
+
+# Storage errors are launcher errors: each names its reason, which gives its exit code (138 for
+# what may heal on another try, 2 for what no retry fixes), so init maps them by type.
+class TransientError(LauncherError):
+    """Worth retrying: connection errors, timeouts, 429, 5xx, a checksum mismatch."""
+
+    reason = Reasons.STORAGE_UNAVAILABLE
+
+
+class CorruptDataError(TransientError):
+    """The transport itself saw bad bytes (a checksum of its own failed): discard the partial file."""
+
+
+class PermanentError(LauncherError):
+    """Not worth retrying: 401/403/404, hostile paths, a file that stays wrong."""
+
+    def __init__(self, message: str, reason: Reason = Reasons.STORAGE_ERROR):
+        super().__init__(message)
+        self.reason = reason
+
+
+# Local file-system errors that a retry of the same pod spec meets again: the volume's
+# permissions, a read-only or full volume (quota included), a path that cannot be a directory.
+# Every other errno (EIO, ESTALE, ETIMEDOUT, ENOMEM, EMFILE, ...) may heal on another try.
+PERMANENT_ERRNOS: dict[int, Reason] = {
+    errno.EACCES: Reasons.PERMISSION_DENIED,
+    errno.EPERM: Reasons.PERMISSION_DENIED,
+    errno.EROFS: Reasons.READ_ONLY_FILE_SYSTEM,
+    errno.ENOSPC: Reasons.NO_SPACE,
+    errno.EDQUOT: Reasons.NO_SPACE,
+    errno.EFBIG: Reasons.NO_SPACE,
+    errno.ENOTDIR: Reasons.BAD_PATH,
+    errno.EISDIR: Reasons.BAD_PATH,
+    errno.EEXIST: Reasons.BAD_PATH,
+    errno.ENAMETOOLONG: Reasons.BAD_PATH,
+    errno.ELOOP: Reasons.BAD_PATH,
+}
+
+
+def permanent_os_error(error: OSError) -> Reason | None:
+    """The reason an OSError will not heal on retry, or None when it may."""
+    return PERMANENT_ERRNOS.get(error.errno)
+
+
+def local_source_error(path: str, error: OSError) -> Exception:
+    """A source file on this machine that could not be read: gone is NotFound, what no retry
+    fixes is permanent, the rest transient."""
+    if isinstance(error, FileNotFoundError):
+        return PermanentError(f"{path} disappeared", Reasons.NOT_FOUND)
+    if error.errno == errno.ELOOP:
+        return PermanentError(f"{path} became a symbolic link after it was listed", Reasons.UNSAFE_PATH)
+    if reason := permanent_os_error(error):
+        return PermanentError(f"{path}: {error.strerror}", reason)
+    return TransientError(f"{path}: {error.strerror}")
