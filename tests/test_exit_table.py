@@ -176,7 +176,9 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
     """An instance of each class, the exit code the table gives it and whether it is retryable."""
     from launcher.core.outcome import ConfigError, UnsupportedVersion, WaitTimeout
     from launcher.core.supervisor import SpawnError
-    from launcher.initializers.errors import CorruptDataError, PermanentError, TransientError
+    import errno
+
+    from launcher.initializers.errors import CorruptDataError, LocalIOError, PermanentError, TransientError
     from launcher.initializers.lease import LeaseTimeout
 
     return [
@@ -192,6 +194,9 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
         (CorruptDataError("the transport's checksum failed"), TRANSIENT, True),
         (LeaseTimeout("another initializer held the lease for 600s"), TRANSIENT, True),
         (PermanentError("no such bucket"), CONFIG_ERROR, False),
+        # The target's file system: a full volume is permanent, an I/O error may heal.
+        (LocalIOError(OSError(errno.ENOSPC, "No space left on device"), "/workspace/model"), CONFIG_ERROR, False),
+        (LocalIOError(OSError(errno.EIO, "Input/output error"), "/workspace/model"), TRANSIENT, True),
     ]
 
 

@@ -209,6 +209,12 @@ class Pod:
         """Validate and plan (``life.launcher`` is loaded); a LauncherError is the pod's outcome."""
         raise NotImplementedError
 
+    def check_workspace(self, life: Life) -> None:
+        """Warn, in one line, when the job cannot write where it will (the plan is made)."""
+        from launcher.core import workspace
+
+        workspace.warn_if_unwritable()
+
     def start(self, life: Life) -> None:
         """Start what the plan asks for before the wait (the rest comes with :meth:`go`)."""
 
@@ -251,7 +257,7 @@ def live(pod: Pod, launcher_overrides: dict[str, Override], start_watch: StartWa
 
 
 def _walk(pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWatch | None) -> Outcome:
-    from launcher.core import log, workspace
+    from launcher.core import log
     from launcher.core.outcome import LauncherError, evidence_regex
 
     supervisor = life.supervisor
@@ -259,11 +265,11 @@ def _walk(pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWa
     supervisor.grace_period = launcher.grace_period
     supervisor.evidence = evidence_regex(launcher.retryable_pattern)
     try:
-        workspace.warn_if_unwritable()
         life.planned = planned = pod.plan(life)
     except LauncherError as error:
         life.stop_waiting()  # only the launcher's own line is said
         return error.outcome().on_node(life.node)
+    pod.check_workspace(life)
     if planned.summary:
         log.info(planned.summary, **({"plan": planned.plan.to_json()} if planned.plan is not None else {}))
     if start_watch is not None:

@@ -50,6 +50,15 @@ def permanent_os_error(error: OSError) -> Reason | None:
     return PERMANENT_ERRNOS.get(error.errno)
 
 
+class LocalIOError(LauncherError):
+    """The target's file system failed us: permanent where no retry fixes it (PERMANENT_ERRNOS)."""
+
+    def __init__(self, error: OSError, target: str):
+        where = error.filename if isinstance(error.filename, str) else target
+        super().__init__(f"{where}: {error.strerror or error}")
+        self.reason = permanent_os_error(error) or Reasons.LOCAL_IO_ERROR
+
+
 def local_source_error(path: str, error: OSError) -> Exception:
     """A source file on this machine that could not be read: gone is NotFound, what no retry
     fixes is permanent, the rest transient."""

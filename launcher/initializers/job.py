@@ -1,56 +1,128 @@
-"""``trainer-launcher init dataset|model``: STORAGE_URI -> the target directory, then an outcome."""
+"""``trainer-launcher init dataset|model``: STORAGE_URI -> the target directory, then an outcome.
+
+The pod's life is core's (launcher/core/lifecycle.py): this launcher validates, takes the target's
+lease (waiting for another initializer that holds it), then runs the download as a process of its
+own, supervised like any framework's: a SIGTERM reaches it at once and leaves its partial files
+to be resumed, nothing half-written under a final name; a lease lost to another node (this one
+looked dead) stops it the same way, so that only one writes. Either way this launcher releases
+what it holds and delivers the outcome; the download hands its own over (exit code, message).
+"""
 
 from __future__ import annotations
 
 import errno
 import os
-import signal
+import sys
 import tarfile
 import zipfile
 
-from launcher.core import log, settings, workspace
+from launcher.core import lifecycle, log, settings, workspace
+from launcher.core.exec_job import CommandPod, node_name
+from launcher.core.knobs import KNOBS
 from launcher.initializers.engine import Engine, Summary
-from launcher.initializers.errors import PermanentError, TransientError, permanent_os_error
+from launcher.initializers.errors import LocalIOError, PermanentError, TransientError
 from launcher.initializers.listing import outside_the_data, safe_destination, select
 from launcher.initializers.state import STATE_DIR
 from launcher.initializers import lease
+from launcher.initializers.knobs import INIT_KNOBS
 from launcher.initializers.uri import StorageUri, parse_storage_uri
-from launcher.core.outcome import ConfigError, LauncherError, Outcome, Reasons, terminated
-from launcher.core.report import deliver, run_command
-from launcher.core.settings import LauncherSettings, Override
+from launcher.core.outcome import ConfigError, LauncherError, Outcome, Reasons
+from launcher.core.report import run_command
+from launcher.core.settings import Override
 from launcher.initializers.settings import InitSettings
 
 TARGETS = {"dataset": "/workspace/dataset", "model": "/workspace/model"}
 # Upstream's model initializer skips these weight formats unless IGNORE_PATTERNS says otherwise.
 MODEL_DEFAULT_IGNORE = ("*.msgpack", "*.h5", "*.bin", "*.pt", "*.pth")
 ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
+FETCH = "fetch"  # the download's role (settings.CHILD_ROLE)
 
 
 def run_init(kind: str, launcher_overrides: dict[str, Override], init_overrides: dict[str, Override]) -> int:
-    def body(launcher: LauncherSettings) -> Outcome:
-        init = settings.load(InitSettings, init_overrides)
+    if settings.child_role() == FETCH:
+        return run_command(launcher_overrides, lambda launcher: fetch(kind, init_overrides))
+    return lifecycle.live(InitPod(kind, launcher_overrides, init_overrides), launcher_overrides)
+
+
+class InitPod(CommandPod):
+    """Validate, take the target's lease, run the download (this command in the fetch role)."""
+
+    name = "init"
+
+    def __init__(self, kind: str, launcher_overrides: dict[str, Override], init_overrides: dict[str, Override]):
+        super().__init__([])
+        self.kind, self.launcher_overrides, self.init_overrides = kind, launcher_overrides, init_overrides
+        self.lease: lease.Lease | None = None
+        self.lost: str | None = None  # why the lease was lost, from its heartbeat thread
+
+    def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
+        self.init = init = settings.load(InitSettings, self.init_overrides)
         if not init.storage_uri:
-            raise ConfigError("STORAGE_URI", None, "where to download from: hf://OWNER/NAME, s3://BUCKET/PREFIX, file:///PATH or https://HOST/FILE")
-        uri = parse_storage_uri(init.storage_uri)
-        target = os.path.abspath(init.output_path or TARGETS[kind])
-        workspace.warn_if_unwritable(target)
-        signal.signal(signal.SIGTERM, lambda *_: _stop(signal.SIGTERM, launcher))
-        return _initialize(kind, uri, target, init,
-                           lambda why: _end(Outcome.of(Reasons.LEASE_LOST, why), launcher))
+            raise ConfigError("STORAGE_URI", None, "where to download from: hf://OWNER/NAME, s3://BUCKET/PREFIX, "
+                                                   "file:///PATH or https://HOST/FILE")
+        self.uri = parse_storage_uri(init.storage_uri)
+        self.target = os.path.abspath(init.output_path or TARGETS[self.kind])
+        self.command = [sys.executable, "-m", "launcher", "init", self.kind]
+        # The flags as their variables, the target as planned, and the role: the download reads them.
+        given = {KNOBS[name].env: str(value.value) for name, value in self.launcher_overrides.items()}
+        given.update({INIT_KNOBS[name].env: str(value.value) for name, value in self.init_overrides.items()})
+        self.env = {**settings.environ(), **given, INIT_KNOBS["output_path"].env: self.target,
+                    settings.CHILD_ROLE: FETCH}
+        return lifecycle.Planned(None, node_name(), "")
 
-    return run_command(launcher_overrides, body)
+    def check_workspace(self, life: lifecycle.Life) -> None:
+        workspace.warn_if_unwritable(self.target)
+
+    def wait(self, life: lifecycle.Life) -> None:
+        """The target's lease: one writer at a time (a second one then finds the files complete)."""
+        self.life, said = life, life.listen(self._lease_lost)
+        self.tell_lost = said.child_fd  # the heartbeat thread writes why, the loop reads it
+        try:
+            os.makedirs(self.target, exist_ok=True)
+            self.lease = lease.acquire(self.target, self.init.lease_ttl, self.init.lease_wait, log.info,
+                                       self._on_lost, sleep=life.supervisor.sleep)
+        except OSError as error:
+            raise LocalIOError(error, self.target) from None
+        life.closing(self.lease.release)
+
+    def wait_failed(self, life: lifecycle.Life, error: LauncherError) -> Outcome:
+        return failure_outcome(error, self.uri, self.target)
+
+    def _on_lost(self, why: str) -> None:
+        """In the lease's heartbeat thread: hand the loop why, nothing more."""
+        try:
+            os.write(self.tell_lost, why.encode()[:4096])
+        except OSError:
+            pass  # the run is over
+
+    def _lease_lost(self, data: bytes) -> None:
+        if data and self.lost is None:
+            self.lost = data.decode(errors="replace")
+            self.life.supervisor.begin_teardown()
+
+    def judge(self, life: lifecycle.Life) -> Outcome:
+        if self.lost is not None:
+            return Outcome.of(Reasons.LEASE_LOST, self.lost)
+        return super().judge(life)
+
+    def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
+        """The lease goes before the outcome is told: a waiting initializer goes on at once."""
+        if self.lease is not None:
+            self.lease.release()
+        return own
 
 
-def _stop(signum: int, launcher: LauncherSettings) -> None:
-    """Partial files stay in the parts directory, to be resumed; nothing half-written is final.
-    The lease is released, so an initializer waiting for it goes on without waiting out its TTL."""
-    lease.release_held()
-    _end(terminated(signum), launcher)
-
-
-def _end(outcome: Outcome, launcher: LauncherSettings) -> None:
-    """End now, from a signal handler or the lease's heartbeat thread, with ``outcome``."""
-    os._exit(deliver(outcome, launcher.termination_log, launcher.retryable_exit_codes))
+def fetch(kind: str, init_overrides: dict[str, Override]) -> Outcome:
+    """The download itself, under the lease its parent holds."""
+    init = settings.load(InitSettings, init_overrides)
+    uri = parse_storage_uri(init.storage_uri)
+    target = os.path.abspath(init.output_path or TARGETS[kind])
+    ignore = init.ignore_patterns if init.ignore_patterns is not None else (MODEL_DEFAULT_IGNORE if kind == "model" else None)
+    try:
+        summary = _download(kind, uri, target, init, ignore)
+    except (PermanentError, TransientError, OSError) as error:
+        return failure_outcome(error, uri, target)
+    return Outcome.of(Reasons.SUCCEEDED, _said(summary, uri, target), extra={"uri": uri.shown})
 
 
 def _source(kind: str, uri: StorageUri, init: InitSettings):
@@ -67,17 +139,6 @@ def _source(kind: str, uri: StorageUri, init: InitSettings):
     return sources.HubSource(uri, "dataset" if kind == "dataset" else "model", init.access_token, init.revision)
 
 
-def _initialize(kind: str, uri: StorageUri, target: str, init: InitSettings, on_lost) -> Outcome:
-    ignore = init.ignore_patterns if init.ignore_patterns is not None else (MODEL_DEFAULT_IGNORE if kind == "model" else None)
-    try:
-        os.makedirs(target, exist_ok=True)
-        with lease.hold(target, init.lease_ttl, init.lease_wait, log.info, on_lost):
-            summary = _download(kind, uri, target, init, ignore)
-    except (PermanentError, TransientError, OSError) as error:
-        return failure_outcome(error, uri, target)
-    return Outcome.of(Reasons.SUCCEEDED, _said(summary, uri, target), extra={"uri": uri.shown})
-
-
 def _download(kind: str, uri: StorageUri, target: str, init: InitSettings, ignore) -> Summary:
     """Under the target's lease: one writer at a time (a second one finds the files complete)."""
     source = _source(kind, uri, init)
@@ -92,16 +153,15 @@ def _download(kind: str, uri: StorageUri, target: str, init: InitSettings, ignor
     return summary
 
 
-def failure_outcome(error: PermanentError | TransientError | OSError, uri: StorageUri, target: str) -> Outcome:
+def failure_outcome(error: LauncherError | OSError, uri: StorageUri, target: str) -> Outcome:
     """The row of the table of reasons for a failed initialization: what no retry fixes (a
     permanent storage error, a target the pod may not write or that is full) exits 2, the rest
     138. Retryable follows from the code, at delivery."""
-    extra = {"uri": uri.shown}
-    if isinstance(error, LauncherError):  # a storage error names its reason (initializers.errors)
-        return error.outcome(f"{uri.shown}: {error}").with_extra(**extra)
-    where = error.filename if isinstance(error.filename, str) else target
-    said = f"{where}: {error.strerror or error}"
-    return Outcome.of(permanent_os_error(error) or Reasons.LOCAL_IO_ERROR, said, extra=extra)
+    if isinstance(error, OSError):
+        return LocalIOError(error, target).outcome().with_extra(uri=uri.shown)
+    if isinstance(error, LocalIOError):
+        return error.outcome().with_extra(uri=uri.shown)
+    return error.outcome(f"{uri.shown}: {error}").with_extra(uri=uri.shown)
 
 
 def _said(summary: Summary, uri: StorageUri, target: str) -> str:

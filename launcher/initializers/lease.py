@@ -18,7 +18,8 @@ own lease over it and reads it back. A lease's bytes never repeat (random id, gr
 a claim for X means nothing once the lease reads anything else. Claim ``n+1`` is tried only if
 claim ``n`` stayed taken while X stayed unchanged for another TTL (its winner died mid-takeover).
 A holder that finds someone else's id in the lease (it was paused for longer than the TTL) steps
-down at once: ``on_lost`` ends the process retryably rather than letting two writers run.
+down at once: ``on_lost`` (from the heartbeat thread) has the initializer stop its download and
+exit retryably rather than let two writers run.
 """
 
 from __future__ import annotations
@@ -231,12 +232,12 @@ class Lease:
         if not self._released.is_set():
             self.on_lost(message)
 
-    def release(self, join: bool = True) -> None:
-        """Remove the lease if it is still ours. ``join=False`` in a signal handler."""
+    def release(self) -> None:
+        """Remove the lease if it is still ours."""
         if self._released.is_set():
             return
         self._released.set()
-        if join and self._thread is not threading.current_thread():
+        if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         try:
             current = Holder.decode(_read(self.path))
@@ -249,16 +250,6 @@ class Lease:
                 os.close(self.fd)
             except OSError:
                 pass
-        _held.discard(self)
-
-
-_held: set[Lease] = set()
-
-
-def release_held() -> None:
-    """For the SIGTERM handler: release whatever this process holds, so waiters go on at once."""
-    for lease in list(_held):
-        lease.release(join=False)
 
 
 def _create(path: str, data: bytes) -> int | None:
@@ -310,7 +301,8 @@ def take_over(directory: str, stale: bytes, generation: int, mine: bytes) -> int
 
 
 def acquire(target: str, ttl: float, wait: float, log: Callable[[str], None],
-            on_lost: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> Lease:
+            on_lost: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+            sleep: Callable[[float], None] = time.sleep) -> Lease:
     """Hold the target's lease, waiting for (or taking over from) another holder. Raises
     :class:`LeaseTimeout` after ``wait`` seconds (0: no limit) of a lease that stays live."""
     os.makedirs(target, exist_ok=True)
@@ -332,7 +324,7 @@ def acquire(target: str, ttl: float, wait: float, log: Callable[[str], None],
             break
         raw = _read(path)
         if raw is None:  # released between our create and our read: try to create again
-            time.sleep(min(poll, 0.05))
+            sleep(min(poll, 0.05))
             continue
         now = clock()
         watch.see(raw, now)
@@ -353,30 +345,11 @@ def acquire(target: str, ttl: float, wait: float, log: Callable[[str], None],
         if logged is None or now - logged >= LOG_EVERY:
             log(watch.line(target, now, now - started, wait))
             logged = now
-        time.sleep(poll)
+        sleep(poll)
     for name in os.listdir(directory):  # claims on leases that are gone mean nothing any more
         if name.startswith(f"{LEASE}.claim-"):
             try:
                 os.unlink(os.path.join(directory, name))
             except OSError:
                 pass
-    lease = Lease(path, fd, me, on_lost, log)
-    _held.add(lease)
-    return lease
-
-
-class hold:
-    """``with hold(target, ttl, wait, log, on_lost):`` the lease around a download."""
-
-    def __init__(self, target: str, ttl: float, wait: float, log: Callable[[str], None],
-                 on_lost: Callable[[str], None]):
-        self.args = (target, ttl, wait, log, on_lost)
-        self.lease: Lease | None = None
-
-    def __enter__(self) -> Lease:
-        self.lease = acquire(*self.args)
-        return self.lease
-
-    def __exit__(self, *exc) -> None:
-        if self.lease is not None:
-            self.lease.release()
+    return Lease(path, fd, me, on_lost, log)
