@@ -17,7 +17,8 @@ PREFIX=${PREFIX:-/opt/trainer-launcher}
 PYTHON=${PYTHON:-python3}
 APP_UID=${APP_UID:-1000}
 
-"$PYTHON" -m venv --system-site-packages "$PREFIX/venv"
+# The environment is there already where install-deps.sh made it (its layer holds the dependencies).
+[ -x "$PREFIX/venv/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$PREFIX/venv"
 "$PREFIX/venv/bin/pip" install --no-cache-dir --disable-pip-version-check "$@" "${src}[${extras}]"
 install -d -m 0755 "$PREFIX/shims"
 for shim in ${SHIMS:-}; do install -m 0755 "$src/images/shims/$shim" "$PREFIX/shims/$shim"; done

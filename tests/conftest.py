@@ -137,4 +137,5 @@ pytest_plugins = [
     "fuzz",  # the property-based tests' profiles (LAUNCHER_FUZZ)
     "tiers",  # unit, integration, system: each test marked, a unit test refused a process
     "cli_fixture",  # the CLI in the test's own process, for the bad-input tables
+    "parallel",  # what stays in one worker when pytest-xdist spreads the suite (-n)
 ]
