@@ -51,3 +51,26 @@ def test_a_master_port_that_never_opens_is_retryable_138_naming_it(tmp_path):
     job = Job(launcher("torch", "--rendezvous-timeout", "2", "--", RANKS), env, tmp_path)
     assert job.wait(60) == 138
     assert f"127.0.0.1:{port} never accepted a connection" in job.termination()["message"]
+
+
+def test_a_wait_of_thousands_of_short_knocks_ends_at_its_deadline_not_in_a_crash():
+    # XGBoost's pods knock on pod 0's tracker every 0.2 s at most: a pod 0 pending for minutes (its
+    # image still pulling) means thousands of tries, and the backoff once overflowed past 1024
+    # (OverflowError: the launcher's own crash, exit 70, instead of waiting on).
+    import socket
+    import time
+
+    from launcher.core import netwait
+    from launcher.core.outcome import WaitTimeout
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, never listening: every knock is refused
+        knocks = []
+        try:
+            netwait.wait_until_accepts("127.0.0.1", port, time.monotonic() + 3.0, knocks.append)
+        except WaitTimeout as error:
+            assert f"127.0.0.1:{port}" in str(error)
+        else:
+            raise AssertionError("a port that never listens was waited for successfully")
+    assert len(knocks) > 1100  # the sleep was the caller's, and returned at once
