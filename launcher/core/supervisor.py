@@ -240,15 +240,15 @@ class Supervisor:
             self.poll(0.05)
         return self.exits
 
-    def sleep(self, seconds: float) -> None:
-        """Serve for ``seconds``; raise Interrupted as soon as a signal stops the job or a child
-        exits (one that was released may leave with 0)."""
+    def sleep(self, seconds: float, until: Callable[[], bool] | None = None) -> None:
+        """Serve for ``seconds``, or until ``until()`` holds; raise Interrupted as soon as a signal
+        stops the job or a child exits (one that was released may leave with 0)."""
         end = time.monotonic() + seconds
         while True:
             self.poll(max(0.0, min(end - time.monotonic(), 0.5)))
             if self.received_signal is not None or any(not (c.released and c.returncode == 0) for c in self.exits):
                 raise Interrupted()
-            if time.monotonic() >= end:
+            if time.monotonic() >= end or (until is not None and until()):
                 return
 
     def poll(self, timeout: float | None) -> None:

@@ -248,7 +248,7 @@ class XGBoostPod(lifecycle.Pod):
                 if time.monotonic() >= deadline:
                     raise WaitTimeout(f"the XGBoost tracker on {plan.node} did not listen on port "
                                       f"{plan.tracker_port} within {life.launcher.rendezvous_timeout:g}s")
-                supervisor.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                supervisor.sleep(max(0.0, deadline - time.monotonic()), until=lambda: self.tracker.ready)
 
     # --- going ---------------------------------------------------------------------------------
 
