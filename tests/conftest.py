@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from launcher.local import nodes
 
 REPO = Path(__file__).resolve().parents[1]
 RANKS = str(REPO / "tests" / "programs" / "ranks.py")
@@ -35,10 +36,9 @@ def launcher(*args: str) -> list[str]:
     return [sys.executable, "-m", "launcher", *args]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+# A port free now, below the ephemeral range (the launcher's own choice for `local`): under
+# pytest-xdist no worker's outgoing connection is given it between the check and the bind.
+free_port = nodes.free_port
 
 
 class Job:

@@ -30,13 +30,9 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 import pytest
 
+from launcher.local.nodes import free_port  # below the ephemeral range: safe beside xdist's other workers
+
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class _Server(ThreadingHTTPServer):

@@ -45,14 +45,7 @@ def start_pods(tmp_path: Path, out: Path, port: int, argv_of=lambda argv: argv, 
 
 def free_port_pair() -> int:
     """A free port whose neighbour (the board's) is free too."""
-    while True:
-        with socket.socket() as tracker, socket.socket() as neighbour:
-            tracker.bind(("127.0.0.1", 0))
-            try:
-                neighbour.bind(("0.0.0.0", tracker.getsockname()[1] + board.PORT_OFFSET))
-            except (OSError, OverflowError):
-                continue
-            return tracker.getsockname()[1]
+    return free_port(span=1 + board.PORT_OFFSET)
 
 
 def send_from(source: str, target: str, port: int, data: bytes) -> socket.socket:
@@ -177,7 +170,7 @@ def test_a_worker_failing_on_pod_1_still_stops_pod_0_through_the_board_naming_po
     port = free_port_pair()
     pods = start_pods(tmp_path, out, port, BEHAVIOUR="exit:3", FAIL_TASK="1")
     try:
-        assert pods[1].wait(300) == 3, pods[1].stderr
+        assert pods[1].wait(300) == 3, f"{pods[1].stderr}\npod 0:\n{pods[0].stderr}"
         assert pods[0].wait(120) == 3, pods[0].stderr
         message = pods[0].termination()
         assert (message["reason"], message["causeReason"], message["retryable"]) == ("PeerFailed", "Failed", False)

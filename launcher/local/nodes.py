@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -71,18 +72,34 @@ def node_prefix(index: int) -> Callable[[str], str]:
     return transform
 
 
+# Where free_port looks: below the kernel's ephemeral range, which it hands to outgoing connections
+# (ours, or any other process's) without asking: a port found free there stays free until the
+# master binds it, unless another process binds that very port on purpose.
+PORT_FLOOR = 20000
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_port(span: int = 1) -> int:
     """A port P such that P .. P+span-1 are all free now (a framework may listen beside its
     master port, as a stop board at the tracker's port + 1: a free P alone leaves P+1 to chance on
-    a busy host)."""
+    a busy host), below the ephemeral range where the host allows."""
+    try:
+        with open(EPHEMERAL_RANGE) as handle:
+            ceiling = int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ceiling = 32768
+    pick = random.SystemRandom()
     while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + span - 1 > 65535:
-            continue
+        if ceiling - span > PORT_FLOOR:
+            first = pick.randrange(PORT_FLOOR, ceiling - span)
+        else:  # an ephemeral range that starts low: any port the kernel says is free
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                first = probe.getsockname()[1]
+            if first + span - 1 > 65535:
+                continue
         try:
-            for offset in range(1, span):
+            for offset in range(span):
                 with socket.socket() as probe:
                     probe.bind(("127.0.0.1", first + offset))
         except OSError:
