@@ -19,8 +19,8 @@ T = TypeVar("T")
 
 def _backoff(attempt: int) -> float:
     # 0.1, 0.2, 0.4 ... capped at 2 s, with jitter so 512 pods do not knock in step. The exponent
-    # is capped too: a caller that knocks more often than this waits (xgboost's pods on pod 0's
-    # tracker) reaches thousands of tries, and 2.0**1024 overflows.
+    # is capped too: a caller that knocks more often than this waits (every 0.2 s on a tracker, say)
+    # reaches thousands of tries, and 2.0**1024 overflows.
     return min(2.0, 0.1 * 2.0 ** min(attempt, 5)) * random.uniform(0.5, 1.0)
 
 
