@@ -107,8 +107,11 @@ def test_its_outcome_reaches_the_trainjob_status(tmp_path, status_server):
     assert (final["exit_code"], final["reason"], final["retryable"]) == ("3", "Failed", "false")
 
 
+# Both ranks write to one pipe (the plug-in's pod runs one command); the line goes in one write, as
+# print() under PYTHONUNBUFFERED=1 (set in many images) would not: it writes the text and the newline
+# apart, and two ranks' halves interleave into a line that is no progress report.
 HANGS = """\
-import sys, time
+import os, sys, time
 
 def tl_testfw_collective():  # the plug-in's collective, as its registry entry names it
     time.sleep(3600)
@@ -116,7 +119,7 @@ def tl_testfw_collective():  # the plug-in's collective, as its registry entry n
 def compute():
     time.sleep(3600)
 
-print("step=1/10", flush=True)
+os.write(1, b"step=1/10\\n")
 (tl_testfw_collective if sys.argv[1] == "0" else compute)()
 """
 
