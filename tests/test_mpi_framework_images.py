@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 
 import pytest
 
@@ -63,6 +64,26 @@ class SlowPods(MpiPods):
             check=False, timeout=1200)
 
 
+DEEPSPEED_ARGS = {"MPI": "openmpi", "EXTRA_PACKAGES": "torch==2.13.0 deepspeed==0.19.8",
+                  # The test base's python is Debian's: its headers come with python3-dev.
+                  "APT_PACKAGES": "g++ python3-dev", "IMPORTS": "mpi4py torch deepspeed"}
+
+
+def extensions_cache(engine) -> str:
+    """DeepSpeed's CPU op, compiled by the first rank that needs it, shared by both pods (the other
+    rank waits on torch's lock in it) and kept for the next run of the same image's packages, as a
+    volume would keep it: compiling it in each pod at once took most of this test's 4 minutes.
+    Keyed by the base image and the packages; a lock a killed run left is removed."""
+    base = engine.podman("image", "inspect", "--format", "{{.Id}}", containers.BASE).stdout.strip()
+    key = zlib.crc32(json.dumps([base, DEEPSPEED_ARGS], sort_keys=True).encode())
+    cache = containers.STATE / "torch-extensions" / f"{key:08x}"
+    cache.mkdir(parents=True, exist_ok=True)
+    cache.chmod(0o777)
+    for lock in cache.glob("*/lock"):
+        lock.unlink()
+    return str(cache)
+
+
 @pytest.fixture
 def deepspeed_pods(engine, net, tmp_path):
     wheels = containers.torch_wheel_dir()
@@ -71,23 +92,22 @@ def deepspeed_pods(engine, net, tmp_path):
     if "deepspeed" not in _built:
         tag = "localhost/trainer-launcher-deepspeed:test"
         engine.build("Dockerfile.mpi", tag, {
-            "BASE_IMAGE": containers.BASE, "MPI": "openmpi",
-            "EXTRA_PACKAGES": f"--find-links={wheels} torch==2.13.0 deepspeed==0.19.8",
-            # The test base's python is Debian's: its headers come with python3-dev.
-            "APT_PACKAGES": "g++ python3-dev", "IMPORTS": "mpi4py torch deepspeed",
+            **DEEPSPEED_ARGS, "BASE_IMAGE": containers.BASE,
+            "EXTRA_PACKAGES": f"--find-links={wheels} {DEEPSPEED_ARGS['EXTRA_PACKAGES']}",
         }, volumes=[f"{wheels}:{wheels}:ro"])
         _built["deepspeed"] = tag
     pods = SlowPods(engine, net, "openmpi", _built["deepspeed"], tmp_path)
-    pods.common += ["-v", f"{REPO / 'examples'}:/examples:ro"]
+    pods.common += ["-v", f"{REPO / 'examples'}:/examples:ro", "-v", f"{extensions_cache(engine)}:/torch-extensions"]
     yield pods
     pods.stop()
 
 
-@pytest.mark.timeout(1800)  # torch and deepspeed into the image, then each pod compiles DeepSpeed's CPU op
+@pytest.mark.timeout(1800)  # torch and deepspeed into the image, then the first rank compiles DeepSpeed's CPU op
 def test_the_deepspeed_image_trains_across_both_pods(deepspeed_pods):
     deepspeed_pods.start_worker()
+    # Set on the launcher's pod as spec.trainer.env would be: the launcher exports it to both ranks.
     result = deepspeed_pods.launch("trainer-launcher", "mpi", "--", "python", "/examples/deepspeed_demo.py",
-                                   "--steps", "10")
+                                   "--steps", "10", env=("-e", "TORCH_EXTENSIONS_DIR=/torch-extensions"))
     assert result.returncode == 0, f"{result.stderr[-3000:]}\nworker:\n{deepspeed_pods.stop()}"
     ranks = {r["rank"]: r for r in map(json.loads, re.findall(r"summary (\{.*\})", result.stdout + result.stderr))}
     assert {rank: (r["world"], r["host"], r["steps"]) for rank, r in ranks.items()} == {
