@@ -322,7 +322,7 @@ def test_a_base_whose_uid_1000_is_taken_gets_that_user_renamed(engine, tmp_path)
     # Ubuntu 24.04 images, and so recent CUDA bases, ship the user `ubuntu` with uid 1000.
     base = "localhost/trainer-launcher-test-base:uid-1000-taken"
     (tmp_path / "Containerfile").write_text(f"FROM {containers.BASE}\nRUN useradd --uid 1000 --create-home ubuntu\n")
-    engine.buildah("bud", "--isolation", "chroot", "-t", base, str(tmp_path))
+    engine.buildah("bud", "--isolation", "chroot", "--layers", "-t", base, str(tmp_path))  # cached: then so is the image
     image = "localhost/trainer-launcher-mpi-uid-1000-taken:test"
     engine.build("Dockerfile.mpi", image, {"BASE_IMAGE": base, "MPI": "mpich"})
     result = engine.run(image, "-c", "id -un; id -gn; echo $HOME; test -f ~/.sshd_config && touch ~/x && echo ok; ls /home",

@@ -5,6 +5,7 @@ Kubernetes API behind upstream's server is what the stand-in replaces."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -76,8 +77,9 @@ def test_a_failing_rank_reaches_the_trainjob_as_its_root_cause(tmp_path, status_
 
 def test_a_down_server_a_422_and_a_rotated_token_neither_fail_nor_stop_the_job(tmp_path, status_server):
     status_server.fail_next(422, count=2, message="spec.trainerStatus: Invalid value")
+    stop = tmp_path / "stop"
     job = local_torch(tmp_path, nnodes=1, env={**status_server.env(), "STEPS": "80", "DELAY": "0.5",
-                                               "STYLE": "katib"})
+                                               "STYLE": "katib", "UNTIL": str(stop)})
     status_server.wait_for(lambda rs: [r for r in rs if r["code"] == 422], what="a refused status")
     status_server.wait_for(lambda rs: [r for r in rs if r["code"] == 200], what="a status accepted after the 422s")
     old = status_server.token
@@ -86,11 +88,21 @@ def test_a_down_server_a_422_and_a_rotated_token_neither_fail_nor_stop_the_job(t
     status_server.wait_for(lambda rs: [r for r in rs if r["code"] == 200 and r["time"] > rotated_at + 0.5],
                            what="a status accepted with the new token")
     status_server.kill()
+    # The job goes on without its server: three more steps, then the test lets it end.
+    after = _last_step(job) + 3
+    wait_for(lambda: _last_step(job) >= after or job.process.poll() is not None, 60, f"step {after}")
+    stop.touch()
     assert job.wait(180) == 0, job.stderr
+    assert _last_step(job) < 80, "the job ran to its last step: the test's stop file was never read"
     assert "Traceback" not in job.stderr
     assert old not in job.stderr + job.stdout and status_server.token not in job.stderr + job.stdout
     warnings = [line for line in job.stderr.splitlines() if "status server" in line]
     assert 1 <= len(warnings) <= 4, warnings  # said once per kind of trouble, not once per send
+
+
+def _last_step(job: Job) -> int:
+    steps = re.findall(r"\bstep=(\d+) loss=", job.stdout)
+    return int(steps[-1]) if steps else 0
 
 
 def test_without_the_status_env_or_a_hang_timeout_the_ranks_environment_is_untouched(tmp_path):

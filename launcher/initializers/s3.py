@@ -46,13 +46,30 @@ OBSTORE_PERMANENT_STATUS: dict[int, Reason] = {401: Reasons.AUTH_FAILED, 403: Re
 _NO_CREDENTIALS = "no credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY (or ROLE_ARN)"
 
 
+_loader = None  # botocore's model loader, shared by this process's sessions
+
+
+def _session(**credentials):
+    """A boto3 session of its own (its own credentials) that reads botocore's service models once
+    a process: a new session otherwise parses them again, about 0.1 s each."""
+    import boto3
+    import botocore.session
+
+    global _loader
+    core = botocore.session.Session()
+    if _loader is None:
+        _loader = core.get_component("data_loader")
+    else:
+        core.register_component("data_loader", _loader)
+    return boto3.session.Session(botocore_session=core, **credentials)
+
+
 class S3Source:
     """s3://bucket/prefix: every object under the prefix, relative paths kept; any S3 endpoint."""
 
     supports_range = True
 
     def __init__(self, uri: StorageUri, settings):
-        import boto3
         from botocore.config import Config
 
         self.bucket, self.prefix = uri.authority, uri.path
@@ -63,14 +80,14 @@ class S3Source:
         region = None if settings.region in (None, "", "auto") else settings.region
         config = Config(retries={"max_attempts": 3, "mode": "standard"}, max_pool_connections=64,
                         connect_timeout=10, read_timeout=60)
-        session = boto3.session.Session(region_name=region or "us-east-1", **session_args)
+        session = _session(region_name=region or "us-east-1", **session_args)
         if settings.role_arn:
             sts = session.client("sts", endpoint_url=settings.endpoint, config=config)
             creds = self._call(lambda: sts.assume_role(RoleArn=settings.role_arn, RoleSessionName="trainer-launcher"),
                                "assume role")["Credentials"]
-            session = boto3.session.Session(aws_access_key_id=creds["AccessKeyId"],
-                                            aws_secret_access_key=creds["SecretAccessKey"],
-                                            aws_session_token=creds["SessionToken"], region_name=region or "us-east-1")
+            session = _session(aws_access_key_id=creds["AccessKeyId"],
+                               aws_secret_access_key=creds["SecretAccessKey"],
+                               aws_session_token=creds["SessionToken"], region_name=region or "us-east-1")
         self.client = session.client("s3", endpoint_url=settings.endpoint, config=config)
         self._session, self._endpoint, self._region = session, settings.endpoint, region or "us-east-1"
         self._ca_bundle = settings.ca_bundle

@@ -8,6 +8,7 @@ and a tqdm-like N/M bar; STYLE=katib: `name=value` lines). Environment knobs:
   API=1               every rank also calls launcher.progress.report(step=, total=)
   ENV_OUT             write this process's environment (JSON) to ENV_OUT/<rank>.json
   LAST_STEP           rank 0 writes the wall-clock time of its last completed step there
+  UNTIL               the job ends after the step during which this file appeared (before STEPS)
 """
 
 import json
@@ -60,6 +61,11 @@ def main() -> int:
                 with open(os.environ["LAST_STEP"] + ".tmp", "w") as handle:
                     handle.write(str(time.time()))
                 os.replace(os.environ["LAST_STEP"] + ".tmp", os.environ["LAST_STEP"])
+        if os.environ.get("UNTIL"):  # every rank ends at the same step: the largest of their views
+            seen = torch.tensor([float(os.path.exists(os.environ["UNTIL"]))])
+            dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+            if seen.item():
+                break
     dist.destroy_process_group()
     return 0
 
