@@ -309,9 +309,14 @@ def test_racing_takeovers_of_one_stale_lease_have_exactly_one_winner(tmp_path):
         assert Holder.decode((directory / "lease").read_bytes()).hostname == "racer"
 
 
+# Long enough that a holder's heartbeat thread, starved of CPU by a loaded machine (4 test workers
+# on 2 cores), still beats within it: at 0.6 s one CI run saw two holders lose the lease this way.
+RACE_TTL = 2.0
+
+
 def _hold_in_turn(target: str, log_path: str, barrier) -> None:
     barrier.wait()
-    held = lease_module.acquire(target, 0.6, 0, lambda line: None, lambda why: os._exit(99))
+    held = lease_module.acquire(target, RACE_TTL, 0, lambda line: None, lambda why: os._exit(99))
     with open(log_path, "a") as log:
         log.write(f"enter {os.getpid()}\n")
     start_beat = held.holder.beat
@@ -325,7 +330,7 @@ def _hold_in_turn(target: str, log_path: str, barrier) -> None:
 def test_the_full_acquire_loop_is_mutually_exclusive_from_a_stale_start(tmp_path):
     target = tmp_path / "target"
     (target / ".trainer-launcher").mkdir(parents=True)
-    (target / ".trainer-launcher" / "lease").write_bytes(Holder("dead", "node-x", 1, 0.6).encode())
+    (target / ".trainer-launcher" / "lease").write_bytes(Holder("dead", "node-x", 1, RACE_TTL).encode())
     log_path = tmp_path / "log"
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(4)
