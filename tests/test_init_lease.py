@@ -77,16 +77,22 @@ def files_under(root: Path) -> dict[str, bytes]:
             if p.is_file() and ".trainer-launcher" not in p.parts}
 
 
+# The TTL of a holder another initializer waits on: a beat is a write and an fsync, and under the
+# CI's load (image layers committed beside the tests) one fsync stalled past a 1 s TTL, so the
+# waiter took over a live holder's lease, as it must for one that looks dead.
+WAITED_TTL = "3"
+
+
 def test_the_second_initializer_waits_then_finds_everything_complete(hub_server, repo, fault_proxy, monkeypatch, tmp_path):
     gate, first_proxy, second_proxy, out = two_initializers(monkeypatch, hub_server, fault_proxy, tmp_path)
-    first = start(tmp_path, hub_server, first_proxy, out, "first", LAUNCHER_INIT_LEASE_TTL="1")
+    first = start(tmp_path, hub_server, first_proxy, out, "first", LAUNCHER_INIT_LEASE_TTL=WAITED_TTL)
     wait_for(lambda: gate.held > 0, what="the holder mid-download")
     assert holder_of(out).pid == first.pid
-    second = start(tmp_path, hub_server, second_proxy, out, "second", LAUNCHER_INIT_LEASE_TTL="1")
+    second = start(tmp_path, hub_server, second_proxy, out, "second", LAUNCHER_INIT_LEASE_TTL=WAITED_TTL)
     wait_for(lambda: "waiting for the lease held by" in second.stderr, what="the second one waiting")
     assert f"pid {first.pid}" in second.stderr
     # The holder is stuck on its download but alive: its heartbeat goes on and nobody takes over,
-    # through several TTLs (1s, beats every 1/3s).
+    # through several TTLs (beats every third of one).
     beat = holder_of(out).beat
     wait_for(lambda: (now := holder_of(out)) is not None and now.beat >= beat + 9, what="three TTLs of heartbeats")
     assert holder_of(out).pid == first.pid and alive(second.pid) and "took over" not in second.stderr
@@ -165,7 +171,7 @@ def test_two_waiters_racing_for_a_stale_lease_one_takes_it(hub_server, repo, fau
 
 def test_waiting_past_the_limit_is_a_retryable_exit_with_one_line(hub_server, repo, fault_proxy, monkeypatch, tmp_path):
     gate, first_proxy, second_proxy, out = two_initializers(monkeypatch, hub_server, fault_proxy, tmp_path)
-    first = start(tmp_path, hub_server, first_proxy, out, "first", LAUNCHER_INIT_LEASE_TTL="1")
+    first = start(tmp_path, hub_server, first_proxy, out, "first", LAUNCHER_INIT_LEASE_TTL=WAITED_TTL)
     wait_for(lambda: gate.held > 0, what="the holder mid-download")
     second = start(tmp_path, hub_server, second_proxy, out, "second", LAUNCHER_INIT_LEASE_WAIT="2s")
     assert second.wait(60) == 138, second.stderr
