@@ -124,9 +124,9 @@ class S3Server:
 
     def client(self, service: str = "s3", endpoint: str | None = None, access_key_id: str | None = None,
                secret_access_key: str | None = None, session_token: str | None = None, **config):
-        """A boto3 client of this server, made once for each set of arguments (and credentials):
-        making one reads botocore's models again, 0.05 s that three puts a case made most of the
-        S3 listing property's time."""
+        """A boto3 client of this server, made once for each set of arguments and credentials:
+        each new client parses botocore's models again (0.05 s), which was most of the time of
+        the S3 listing property (three puts a case)."""
         key = (service, endpoint or self.endpoint, access_key_id or self.access_key_id,
                secret_access_key or self.secret_access_key, session_token, repr(sorted(config.items())))
         if key not in self._clients:

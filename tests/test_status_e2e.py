@@ -93,7 +93,7 @@ def test_a_down_server_a_422_and_a_rotated_token_neither_fail_nor_stop_the_job(t
     wait_for(lambda: _last_step(job) >= after or job.process.poll() is not None, 60, f"step {after}")
     stop.touch()
     assert job.wait(180) == 0, job.stderr
-    assert _last_step(job) < 80, "the job ran to its last step: the test's stop file was never read"
+    assert after <= _last_step(job) < 80, job.stdout[-2000:]  # it went on after the kill, then read the stop file
     assert "Traceback" not in job.stderr
     assert old not in job.stderr + job.stdout and status_server.token not in job.stderr + job.stdout
     warnings = [line for line in job.stderr.splitlines() if "status server" in line]
