@@ -102,6 +102,27 @@ def test_the_launcher_names_a_refused_version_as_a_config_error():
     assert outcome.message == f"JAX process 0 on tj-node-0-1: {said}"
 
 
+def test_the_failing_process_keeps_its_code_when_jax_ends_it_after_its_report(monkeypatch):
+    """The failing process wrote its report (role root, exit code 3); process 0 then left the store
+    and, before this process's own exit, JAX's error polling ended it with code 1 (``client.h:75
+    Terminating process``). Seen in CI (jax 0.7.2, two CPU-loaded workers): the pod said exit 1,
+    its peer exit 3. The race cannot be forced from outside, so this feeds the launcher its shape."""
+    from launcher.core.supervisor import Child
+    from launcher.jax.job import jax_outcome
+    from launcher.jax.plan import JaxFacts, plan_jax
+    from launcher.jax.settings import load_jax
+
+    for name, value in {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1", "JAX_COORDINATOR_ADDRESS": "tj-node-0-0:6666"}.items():
+        monkeypatch.setenv(name, value)
+    plan = plan_jax(load_jax(), JaxFacts("tj-node-0-1", 0, str(RUNNER), 60.0), ("python", "t.py"), {})
+    child = Child(name="jax", pid=0, popen=None, returncode=1)
+    supervisor = type("Supervisor", (), {"received_signal": None, "first_failure": child})()
+    report = {"role": "root", "processId": 1, "node": "tj-node-0-1", "exitCode": 3, "error": None}
+    outcome = jax_outcome(plan, supervisor, child, report, frozenset())
+    assert (outcome.exit_code, outcome.reason) == (3, "Failed")
+    assert outcome.message.startswith("JAX process 1 on tj-node-0-1 exited with code 3")
+
+
 def test_a_real_job_on_the_installed_jax_says_nothing_about_versions(tmp_path):
     """This interpreter's jax (in range): the gate reads it from the installed metadata, and
     ``--allow-untested-versions 1`` changes nothing but reaching the runner as its variable."""

@@ -199,6 +199,11 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
     returncode = child.returncode if child.returncode is not None else 1
     if returncode == 0:
         return success()
+    code = report.get("exitCode")
+    if report.get("role") == "root" and type(code) is int and code > 0:
+        # The program's own code, reported before the process left: JAX's error polling may end
+        # the process first (code 1) once process 0, having read our stop record, has gone.
+        returncode = code
     if supervisor.received_signal is not None and supervisor.first_failure is not child:
         return terminated(supervisor.received_signal).on_node(node)
     cause = RootCause(node=node, rank=pid, exit_code=returncode if returncode > 0 else None,
