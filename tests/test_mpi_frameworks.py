@@ -16,6 +16,8 @@ import os
 import pwd
 import re
 import shutil
+import sys
+import zlib
 from pathlib import Path
 
 import k8s_checks
@@ -287,7 +289,6 @@ needs_mlx = pytest.mark.skipif(importlib.util.find_spec("mlx.core") is None if i
 
 def local_job(tmp_path: Path, program: list[str], **env: str) -> Job:
     """`local --mpi openmpi --nnodes 2`: 2 worker pods, one rank each, the launcher pod runs mpirun."""
-    import sys
 
     argv = launcher("local", "--mpi", "openmpi", "--nnodes", "2", "--nproc-per-node", "1",
                     "--mpirun", str(OPENMPI / "bin" / "mpirun"), "--grace-period", "3", "--", sys.executable, *program)
@@ -295,6 +296,24 @@ def local_job(tmp_path: Path, program: list[str], **env: str) -> Job:
                         PATH=f"{OPENMPI / 'bin'}:{os.environ['PATH']}", **env)
     environ.pop(MLX_LIBMPI_ENV, None)  # the launcher must find it on its own
     return Job(argv, environ, tmp_path)
+
+
+def extensions_cache() -> str:
+    """Where DeepSpeed's CPU op is compiled and kept between runs, as a long-lived node keeps
+    ~/.cache/torch_extensions (compiling it took 70 of this test's 86 s). Keyed by the
+    interpreter and the packages: torch recompiles when its include paths change, so two checkouts
+    sharing mpiuser's one cache kept recompiling it. A lock a killed run left is removed."""
+    from importlib import metadata
+
+    from containers import STATE
+
+    key = zlib.crc32(json.dumps([sys.prefix, metadata.version("torch"), metadata.version("deepspeed")]).encode())
+    cache = STATE / "torch-extensions" / f"host-{key:08x}"
+    cache.mkdir(parents=True, exist_ok=True)
+    cache.chmod(0o777)  # the ranks run as mpiuser
+    for lock in cache.glob("*/lock"):
+        lock.unlink()
+    return str(cache)
 
 
 def summaries(output: str) -> dict[int, dict]:
@@ -306,7 +325,8 @@ def summaries(output: str) -> dict[int, dict]:
 @needs_deepspeed
 @pytest.mark.timeout(900)  # a fresh machine first compiles DeepSpeed's CPU op (minutes on 2 CPUs)
 def test_deepspeed_trains_data_parallel_across_two_pods(tmp_path):
-    job = local_job(tmp_path, [str(EXAMPLES / "deepspeed_demo.py"), "--steps", "30"])
+    job = local_job(tmp_path, [str(EXAMPLES / "deepspeed_demo.py"), "--steps", "30"],
+                    TORCH_EXTENSIONS_DIR=extensions_cache())
     assert job.wait(840) == 0, job.stderr[-5000:]
     ranks = summaries(job.stderr + job.stdout)
     assert sorted(ranks) == [0, 1], job.stderr[-3000:]
@@ -323,7 +343,8 @@ def test_deepspeed_trains_data_parallel_across_two_pods(tmp_path):
 @needs_deepspeed
 @pytest.mark.timeout(900)
 def test_a_failing_deepspeed_rank_fails_the_job_with_its_code_naming_it(tmp_path):
-    job = local_job(tmp_path, [str(REPO / "tests" / "programs" / "deepspeed_fail.py")], FAIL_RANK="1", EXIT_CODE="3")
+    job = local_job(tmp_path, [str(REPO / "tests" / "programs" / "deepspeed_fail.py")], FAIL_RANK="1", EXIT_CODE="3",
+                    TORCH_EXTENSIONS_DIR=extensions_cache())
     assert job.wait(840) == 3, job.stderr[-5000:]  # rank 0 waits in a barrier: only the abort ends it
     assert "rank 0 stepped" in job.stderr + job.stdout and "rank 1 stepped" in job.stderr + job.stdout
     message = job.termination()
