@@ -29,7 +29,7 @@ def board():
 
 
 def start_rank(tmp_path, program: str, board_env: dict[str, str], env: dict[str, str] | None = None,
-               name: str = "prog.py") -> subprocess.Popen:
+               name: str = "prog.py", stdin: int | None = None) -> subprocess.Popen:
     """A rank as on a worker pod: the launcher's stacks directory does not exist on its machine."""
     script = tmp_path / name
     script.write_text(textwrap.dedent(program))
@@ -37,7 +37,7 @@ def start_rank(tmp_path, program: str, board_env: dict[str, str], env: dict[str,
     child_env.update(stacks.rank_env(str(tmp_path / "on-the-launchers-pod"), None))
     child_env.update(board_env)
     child_env.update(env or {})
-    return subprocess.Popen([sys.executable, str(script)], env=child_env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, str(script)], env=child_env, stdin=stdin, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -107,3 +107,23 @@ def test_a_board_out_of_reach_leaves_the_rank_silent_and_its_exit_alone(tmp_path
     processes.append(rank)
     out, err = rank.communicate(timeout=60)
     assert (rank.returncode, out, err) == (0, "done\n", "")
+
+
+def test_the_answering_thread_has_ended_before_the_interpreter_finalizes(tmp_path, board, processes):
+    """A daemon thread that wakes during finalization can crash it: a one-line program under the
+    hook exited by SIGSEGV or SIGABRT ("malloc_consolidate(): unaligned fastbin chunk detected")
+    3 times in 300 on two loaded CPUs, a rank that had succeeded. The hook ends its thread at exit,
+    before finalization; the program runs the exit handlers itself, then looks."""
+    program = """\
+        import atexit, threading
+        print('connected', flush=True)
+        import sys; sys.stdin.readline()
+        atexit._run_exitfuncs()
+        print([t.name for t in threading.enumerate() if t.name == 'trainer-launcher-stacks'], flush=True)
+        """
+    rank = start_rank(tmp_path, program, board.env, stdin=subprocess.PIPE)
+    processes.append(rank)
+    assert rank.stdout.readline() == "connected\n"
+    wait_connected(board, 1)
+    out, err = rank.communicate("\n", timeout=60)
+    assert (rank.returncode, out, err) == (0, "[]\n", "")

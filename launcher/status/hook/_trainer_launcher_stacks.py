@@ -58,9 +58,16 @@ def register():
     if directory and os.path.isdir(directory):
         _register_signal(directory, fields)
     else:
-        thread = threading.Thread(target=_answer_board, args=(board, fields), name="trainer-launcher-stacks")
+        import atexit
+        import json
+        import socket
+
+        state = {}
+        thread = threading.Thread(target=_answer_board, args=(board, fields, state, json, socket),
+                                  name="trainer-launcher-stacks")
         thread.daemon = True
         thread.start()
+        atexit.register(_stop_answering, thread, state, socket)
     os.environ[_OWNER_ENV] = str(pid)
 
 
@@ -78,17 +85,33 @@ def _register_signal(directory, fields):
     faulthandler.register(signum, file=dump, all_threads=True, chain=False)
 
 
-def _answer_board(board, fields):
-    """Say who we are to the launcher's board, then answer each "dump" with our stacks, until the
-    launcher closes the connection. Silent: no stacks is better than noise in the user's output."""
-    import faulthandler
-    import json
-    import socket
-    import tempfile
+def _stop_answering(thread, state, socket):
+    """At exit, before the interpreter finalizes: end the thread while it is still safe to. A
+    daemon thread that wakes up during finalization (its connect refused, its recv ended) crashed
+    it: SIGSEGV or "malloc_consolidate(): unaligned fastbin chunk detected", 3 exits of a
+    one-line program in 300 under load, so a rank that had succeeded failed. Waits at most 2 s,
+    for a connect still under way to a board that does not answer."""
+    state["stop"] = True
+    connection = state.get("connection")
+    if connection is not None:
+        try:
+            connection.shutdown(socket.SHUT_RDWR)  # its recv returns: the thread leaves
+        except OSError:
+            pass
+    thread.join(2.0)
 
+
+def _answer_board(board, fields, state, json, socket):
+    """Say who we are to the launcher's board, then answer each "dump" with our stacks, until the
+    launcher closes the connection or this process exits. Silent: no stacks is better than noise
+    in the user's output. Its modules come from the main thread: none is imported here at exit."""
     try:
         address, port, token = board.rsplit("/", 2)
         connection = socket.create_connection((address, int(port)), timeout=30)
+        state["connection"] = connection
+        if state.get("stop"):
+            connection.close()
+            return
         connection.settimeout(None)
         hello = {"token": token, "pid": fields["pid"], "host": socket.gethostname(),
                  "main": int(fields["main"], 16)}
@@ -106,6 +129,9 @@ def _answer_board(board, fields):
                 line, received = received.split(b"\n", 1)
                 if line != b"dump":
                     continue
+                import faulthandler  # asked for a dump: the program is running, not ending
+                import tempfile
+
                 with tempfile.TemporaryFile() as dump:
                     faulthandler.dump_traceback(file=dump, all_threads=True)
                     dump.seek(0)
