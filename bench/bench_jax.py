@@ -24,6 +24,7 @@ bench/programs/jax_bench.py, which initializes JAX the upstream way (the three v
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import platform
 import resource
@@ -132,6 +133,9 @@ def main() -> None:
     parser.add_argument("--baseline-repeat", type=int, default=1)
     parser.add_argument("--baseline-cap", type=float, default=330.0)
     args = parser.parse_args()
+    # The launcher's bytecode, as pip install leaves it in an image (PYTHONDONTWRITEBYTECODE=1
+    # would otherwise have every launcher compile it from source, a cost no installed copy pays).
+    compileall.compile_dir(os.path.join(REPO, "launcher"), quiet=1)
 
     say(f"# trainer-launcher jax vs JAX processes by hand: {args.nprocs} processes, CPU (gloo)")
     say(f"python {platform.python_version()}, jax {metadata.version('jax')}, {os.cpu_count()} CPUs, "

@@ -37,6 +37,7 @@ Every process gets its own session, and is SIGKILLed by process group after its 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import signal
@@ -247,6 +248,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["launch", "failure"], default=None, help="run one of the two")
     args = parser.parse_args()
     import xgboost
+    # The launcher's bytecode, as pip install leaves it in an image (PYTHONDONTWRITEBYTECODE=1
+    # would otherwise have every launcher compile it from source, a cost no installed copy pays).
+    compileall.compile_dir(os.path.join(REPO, "launcher"), quiet=1)
 
     say(f"xgboost {xgboost.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f}")
