@@ -1,9 +1,9 @@
 """``trainer-launcher xgboost``: XGBoost's part of the pod's life (launcher/core/lifecycle.py): DMLC_* ->
 plan -> tracker and workers -> outcome.
 
-For a ``python ...`` command, two processes start first thing, before this one imports anything
-heavy (pydantic included): a tracker (launcher/xgboost/tracker.py, which leaves at once on any pod
-but 0) and the first worker's runner (launcher/xgboost/run.py). Their ``import xgboost`` overlaps
+For a ``python ...`` command, the first worker's runner (launcher/xgboost/run.py) starts first
+thing, before this one imports anything heavy (pydantic included), and on pod 0 the tracker
+(launcher/xgboost/tracker.py) with it. Their ``import xgboost`` overlaps
 the launcher's validation and planning; then each gets a go word with what the plan decided, or
 its pipe closes and it leaves without a word (bad input, a signal, a plan that runs otherwise: a
 program-run tracker, or more than one worker per pod, whose thread counts must be set before the
@@ -147,8 +147,9 @@ class XGBoostPod(lifecycle.Pod):
         tracker_flag = self.xgboost_overrides.get("tracker")
         if command is None or (tracker_flag is not None and str(tracker_flag.value).strip().lower() == "program"):
             return
-        go = life.go_pipe()
-        self.early_tracker = _Tracker(life, [command.interpreter, TRACKER, "--go-fd", str(go.child_fd)], go)
+        if tracker_module.is_pod_0():  # elsewhere a tracker would only start and leave: a process for nothing
+            go = life.go_pipe()
+            self.early_tracker = _Tracker(life, [command.interpreter, TRACKER, "--go-fd", str(go.child_fd)], go)
         self.runner_go, self.joined_pipe = life.go_pipe(), life.listen(self._on_joined)
         options = ["--go-fd", str(self.runner_go.child_fd), "--joined-fd", str(self.joined_pipe.child_fd),
                    "--report", life.path("worker-early.json")]

@@ -92,9 +92,10 @@ def _go_word(fd: int) -> dict | None:
     return json.loads(line) if line.endswith(b"\n") else None
 
 
-def _is_pod_0() -> bool:
-    """What a tracker started before the launcher planned checks first: only pod 0 runs it, and
-    elsewhere it leaves before the slow import. (The launcher validates these variables.)"""
+def is_pod_0() -> bool:
+    """Only pod 0 runs the tracker: the launcher starts the early tracker there alone, and a
+    tracker started elsewhere leaves before the slow import. (The launcher validates these
+    variables.)"""
     index = (os.environ.get("DMLC_TASK_ID") or os.environ.get("JOB_COMPLETION_INDEX") or "0").strip()
     return not index.isdigit() or int(index) == 0  # unreadable: the launcher will say so
 
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.go_fd is None and (args.workers is None or args.port is None):
         parser.error("--workers and --port are required without --go-fd")
-    if args.go_fd is not None and not _is_pod_0():
+    if args.go_fd is not None and not is_pod_0():
         sys.exit(0)
     global _finish_stderr
     _finish_stderr = without_probe_warnings()
