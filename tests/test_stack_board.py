@@ -127,3 +127,27 @@ def test_the_answering_thread_has_ended_before_the_interpreter_finalizes(tmp_pat
     wait_connected(board, 1)
     out, err = rank.communicate("\n", timeout=60)
     assert (rank.returncode, out, err) == (0, "[]\n", "")
+
+
+def test_a_forked_child_exiting_normally_leaves_its_parents_connection_up(tmp_path, board, processes):
+    """The child inherits the exit handler and the socket; shutting that socket down would cut the
+    parent off the board, and the launcher would get no stack from a rank that is still there."""
+    program = """\
+        import os, sys, time
+        sys.stdin.readline()  # once the hook's thread is connected
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)  # through the exit handlers, as a forked helper that returns does
+        os.waitpid(child, 0)
+        print('ready', flush=True)
+        time.sleep(600)
+        """
+    rank = start_rank(tmp_path, program, board.env, {"RANK": "0"}, name="forks.py", stdin=subprocess.PIPE)
+    processes.append(rank)
+    wait_connected(board, 1)
+    rank.stdin.write("fork\n")
+    rank.stdin.flush()
+    assert rank.stdout.readline() == "ready\n"
+    found = board.collect(wait=20)
+    assert [(s.rank, s.pid) for s in found] == [(0, rank.pid)]
+    assert "forks.py" in found[0].top[0]

@@ -62,7 +62,7 @@ def register():
         import json
         import socket
 
-        state = {}
+        state = {"pid": pid}
         thread = threading.Thread(target=_answer_board, args=(board, fields, state, json, socket),
                                   name="trainer-launcher-stacks")
         thread.daemon = True
@@ -90,7 +90,10 @@ def _stop_answering(thread, state, socket):
     daemon thread that wakes up during finalization (its connect refused, its recv ended) crashed
     it: SIGSEGV or "malloc_consolidate(): unaligned fastbin chunk detected", 3 exits of a
     one-line program in 300 under load, so a rank that had succeeded failed. Waits at most 2 s,
-    for a connect still under way to a board that does not answer."""
+    for a connect still under way to a board that does not answer. A forked child that exits
+    through its exit handlers leaves its parent's connection alone."""
+    if os.getpid() != state["pid"]:
+        return
     state["stop"] = True
     connection = state.get("connection")
     if connection is not None:
