@@ -18,6 +18,7 @@ layers and the base image are reused.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -168,3 +169,17 @@ def network(engine: Engine) -> str:
     engine.podman("network", "rm", "-f", NETWORK, check=False)
     engine.podman("network", "create", "--internal", "--subnet", f"{SUBNET}.0/24", NETWORK)
     return NETWORK
+
+
+def torch_extensions_cache(what, prefix: str = "") -> str:
+    """A TORCH_EXTENSIONS_DIR kept between test runs (DeepSpeed compiles its CPU op there on first
+    use), one per ``what`` (whatever decides the op's build: an image's base and packages, an
+    interpreter and its versions). Writable by the ranks' non-root users; a lock a killed run left
+    is removed."""
+    key = zlib.crc32(json.dumps(what, sort_keys=True).encode())
+    cache = STATE / "torch-extensions" / f"{prefix}{key:08x}"
+    cache.mkdir(parents=True, exist_ok=True)
+    cache.chmod(0o777)
+    for lock in cache.glob("*/lock"):
+        lock.unlink()
+    return str(cache)

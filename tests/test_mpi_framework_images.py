@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
-
-import pytest
 
 import containers
+import pytest
 from conftest import REPO
 from test_images import MpiPods
 
@@ -73,15 +71,9 @@ def extensions_cache(engine) -> str:
     """DeepSpeed's CPU op, compiled by the first rank that needs it, shared by both pods (the other
     rank waits on torch's lock in it) and kept for the next run of the same image's packages, as a
     volume would keep it: compiling it in each pod at once took most of this test's 4 minutes.
-    Keyed by the base image and the packages; a lock a killed run left is removed."""
+    Keyed by the base image and the packages."""
     base = engine.podman("image", "inspect", "--format", "{{.Id}}", containers.BASE).stdout.strip()
-    key = zlib.crc32(json.dumps([base, DEEPSPEED_ARGS], sort_keys=True).encode())
-    cache = containers.STATE / "torch-extensions" / f"{key:08x}"
-    cache.mkdir(parents=True, exist_ok=True)
-    cache.chmod(0o777)
-    for lock in cache.glob("*/lock"):
-        lock.unlink()
-    return str(cache)
+    return containers.torch_extensions_cache([base, DEEPSPEED_ARGS])
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import pwd
 import re
 import shutil
 import sys
-import zlib
 from pathlib import Path
 
 import k8s_checks
@@ -309,23 +308,16 @@ def extensions_cache() -> str:
     interpreter and the packages: torch recompiles when its include paths change, so two checkouts
     sharing mpiuser's one cache kept recompiling it. ninja also rebuilds when a source is newer
     than the op, and pip gives the sources of every fresh install (CI's each run) a new time:
-    their time is set back to one fixed date (their content is the key's deepspeed version). A lock
-    a killed run left is removed."""
+    their time is set back to one fixed date (their content is the key's deepspeed version)."""
     from importlib import metadata
 
-    from containers import STATE
+    from containers import torch_extensions_cache
 
     sources = Path(importlib.util.find_spec("deepspeed").submodule_search_locations[0]) / "ops" / "csrc"
     for source in sources.rglob("*"):
         if source.is_file() and source.stat().st_mtime != OP_SOURCES_TIME:
             os.utime(source, (OP_SOURCES_TIME, OP_SOURCES_TIME))
-    key = zlib.crc32(json.dumps([sys.prefix, metadata.version("torch"), metadata.version("deepspeed")]).encode())
-    cache = STATE / "torch-extensions" / f"host-{key:08x}"
-    cache.mkdir(parents=True, exist_ok=True)
-    cache.chmod(0o777)  # the ranks run as mpiuser
-    for lock in cache.glob("*/lock"):
-        lock.unlink()
-    return str(cache)
+    return torch_extensions_cache([sys.prefix, metadata.version("torch"), metadata.version("deepspeed")], "host-")
 
 
 def summaries(output: str) -> dict[int, dict]:

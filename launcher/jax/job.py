@@ -199,8 +199,8 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
     returncode = child.returncode if child.returncode is not None else 1
     if returncode == 0:
         return success()
-    code = report.get("exitCode")
-    if report.get("role") == "root" and type(code) is int and code > 0:
+    role, code = report.get("role"), report.get("exitCode")
+    if role == "root" and type(code) is int and code > 0:
         # The program's own code, reported before the process left: JAX's error polling may end
         # the process first (code 1) once process 0, having read our stop record, has gone.
         returncode = code
@@ -210,7 +210,6 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
                       signal=signal_name(-returncode) if returncode < 0 else None)
     what = f"JAX process {pid} on {node}"
     tail = last_lines(line for line in child.tail if not _STACK_FRAME.match(line))
-    role = report.get("role")
     if role == "victim" and isinstance(report.get("stoppedBy"), dict):
         record = report["stoppedBy"]
         root = RootCause(node=record.get("node"), rank=record.get("processId"), exit_code=record.get("exitCode"))
