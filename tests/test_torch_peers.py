@@ -146,3 +146,26 @@ def test_the_store_leaving_after_this_nodes_ranks_all_finished_is_a_success_not_
     mid_run = torch_outcome(supervisor, SimpleNamespace(returncode=143, tail=[], evidence=None),
                             {"stoppedBy": lost, "exitCode": 143}, frozenset({138}), "tj-node-0-1")
     assert (mid_run.exit_code, mid_run.reason) == (138, "PeerLost")
+
+
+def test_a_rank_exiting_with_a_code_keeps_it_when_its_node_mates_echo_connection_closed_by_peer():
+    # Seen with Accelerate (tests/test_accelerate.py): on a 2-node job, process 3 exited 3 while
+    # process 2, on the same node, waited in a DDP all-reduce and printed gloo's "Connection closed
+    # by peer": the node said NodeFault 138 (retryable) for the user's exit 3. (In-process: the
+    # agent and the supervisor are plain records here.)
+    from types import SimpleNamespace
+
+    from launcher.core.outcome import evidence_regex
+    from launcher.torch.job import torch_outcome
+
+    echo = "[rank2]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:25801."
+    supervisor = SimpleNamespace(first_failure=None, received_signal=None, evidence=evidence_regex())
+    agent = SimpleNamespace(returncode=3, tail=[], evidence=echo)
+    failures = [{"rank": 3, "localRank": 1, "exitCode": 3, "signal": None, "message": None},
+                {"rank": 2, "localRank": 0, "exitCode": 1, "signal": None, "message": None}]
+    outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1")
+    assert (outcome.exit_code, outcome.reason) == (3, "Failed")
+    # A first rank whose own message shows the fault keeps the node-fault verdict.
+    failures[0] = {**failures[0], "exitCode": 1, "message": f"RuntimeError: {echo}"}
+    outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1")
+    assert (outcome.exit_code, outcome.reason) == (138, "NodeFault")

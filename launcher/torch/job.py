@@ -63,8 +63,9 @@ def make_plan(rest: list[str], require_program: bool = True,
     return plan, host
 
 
-def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
-    return lifecycle.live(TorchPod(rest), launcher_overrides, status.start_watch)
+def run_torch(launcher_overrides: dict[str, Override], rest: list[str], extra_env: dict[str, str] | None = None) -> int:
+    """``extra_env``: variables for every rank on top of the plan's (accelerate's, launcher/torch/accelerate.py)."""
+    return lifecycle.live(TorchPod(rest, extra_env), launcher_overrides, status.start_watch)
 
 
 class TorchPod(lifecycle.Pod):
@@ -75,8 +76,9 @@ class TorchPod(lifecycle.Pod):
 
     name = "torch"
 
-    def __init__(self, rest: list[str]):
+    def __init__(self, rest: list[str], extra_env: dict[str, str] | None = None):
         self.rest = rest
+        self.extra_env = dict(extra_env or {})
         self.verdict: Outcome | None = None
 
     def start_early(self, life: lifecycle.Life) -> None:
@@ -105,7 +107,7 @@ class TorchPod(lifecycle.Pod):
             # On a hang, every node's stacks, through the agents (launcher.torch.peers).
             peers["dumpRequest"] = life.path("dump-stacks")
             monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], life.supervisor)
-        self.control.send({"args": [*plan.torchrun_args, *plan.program], "env": {**plan.env_set, **life.watched},
+        self.control.send({"args": [*plan.torchrun_args, *plan.program], "env": {**plan.env_set, **self.extra_env, **life.watched},
                            "unset": list(plan.env_unset), "grace": life.launcher.grace_period, "peers": peers})
 
     def _on_report(self, data: bytes) -> None:
@@ -124,7 +126,7 @@ class TorchPod(lifecycle.Pod):
         if life.watch is not None and life.watch.hang is not None:
             return life.watch.hang
         return torch_outcome(life.supervisor, self.agent, _read_json(life.path("report.json"), {}),
-                             life.launcher.retryable_exit_codes, life.node, life.plan.nnodes == "1")
+                             life.launcher.retryable_exit_codes, life.node)
 
     def judge(self, life: lifecycle.Life) -> Outcome:
         return self.verdict or self._own(life)
@@ -193,11 +195,9 @@ def _node_outcome(summary: dict) -> NodeOutcome:
                        summary.get("failedAt"))
 
 
-def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str,
-                  one_node: bool = False) -> Outcome:
+def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str) -> Outcome:
     """Turn what the agent reported into a row of the exit-code table (``codes``: the retryable set).
-    The agent may still be alive (it waits for this verdict): its report says how it will exit.
-    ``one_node``: every rank of the job is on this node."""
+    The agent may still be alive (it waits for this verdict): its report says how it will exit."""
     returncode = agent.returncode if agent.returncode is not None else report.get("exitCode")
     if "stoppedBy" in report:
         if "lost" in report["stoppedBy"] and report.get("succeeded"):
@@ -219,11 +219,13 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
         cause = RootCause(node=node, rank=root["rank"], local_rank=root["localRank"],
                           exit_code=root["exitCode"], signal=root["signal"])
         evidence = agent.evidence
-        if evidence and one_node and root["signal"] is None and PEER_LOSS_PATTERN.search(evidence) \
+        if evidence and root["signal"] is None and PEER_LOSS_PATTERN.search(evidence) \
                 and not (supervisor.evidence and supervisor.evidence.search(root.get("message") or "")):
-            # Every peer of a one-node job is a rank here, and torchrun's first failure is the
-            # root rank: the others' "connection closed by peer" is its echo, not a network
-            # fault (a rank exiting 3 while the rest wait in a gloo/NCCL collective).
+            # torchrun's first failure here exited on its own, and its own message shows no fault:
+            # the other ranks' "connection closed by peer" is its echo, not a network fault (a
+            # rank exiting 3 while the rest wait in a gloo collective). With several nodes, a node
+            # whose first rank died of a peer on another node then says "exited with code 1",
+            # and the job's root cause is the node that failed first (launcher.core.job_outcome).
             evidence = None
         outcome = classify(_returncode(root), retryable_codes=codes, evidence=evidence, root_cause=cause,
                            what=f"rank {root['rank']} (local rank {root['localRank']}) on {node}")
