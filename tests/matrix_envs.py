@@ -46,6 +46,9 @@ class Env:
     # mpi4py 3.1 has no wheel: built from source against an MPI's headers (see _build_mpi4py).
     mpi4py_source: bool = False
     extra_env: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    # Another environment of the matrix whose packages this one sees (a .pth file): a library
+    # over a framework (accelerate over torch) costs its own wheels only.
+    base: str | None = None
 
     @property
     def name(self) -> str:
@@ -72,6 +75,8 @@ ENVS: dict[str, Env] = {env.name: env for env in [
     Env("jax", "0.7.2", ("jax[cpu]==0.7.2",)),
     Env("xgboost", "2.1.4", ("xgboost-cpu==2.1.4",)),
     Env("mpi4py", "3.1.6", ("mpi4py==3.1.6",), mpi4py_source=True),
+    # The oldest accelerate supported, over the oldest torch (their releases are a month apart).
+    Env("accelerate", "1.0.1", ("accelerate==1.0.1",), base="torch-2.4.1"),
 ]}
 
 
@@ -140,6 +145,8 @@ def ensure(name: str) -> Env:
     env = ENVS[name]
     if env.built():
         return env
+    if env.base:
+        ensure(env.base)  # before the lock, which it takes itself
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -147,6 +154,9 @@ def ensure(name: str) -> Env:
             return env
         shutil.rmtree(env.path, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(env.path)], check=True)
+        if env.base:
+            (_site_packages(env.path) / "trainer-launcher-matrix-base.pth").write_text(
+                f"{_site_packages(ENVS[env.base].path)}\n")
         _pip(env, *BASE, *([] if env.mpi4py_source else env.packages))
         if env.mpi4py_source:
             _build_mpi4py(env)
@@ -156,6 +166,10 @@ def ensure(name: str) -> Env:
         marker.write_text(" ".join(env.packages) + "\n")
         marker.rename(env.path / MARKER)
     return env
+
+
+def _site_packages(path: Path) -> Path:
+    return next(path.glob("lib/python3*/site-packages"))
 
 
 def _let_others_run(path: Path) -> None:

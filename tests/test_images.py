@@ -227,6 +227,18 @@ def test_a_login_shell_keeps_the_shim_and_the_venv_on_path(engine, torch_image, 
     assert lines[3].startswith("/opt/trainer-launcher/shims:/opt/trainer-launcher/venv/bin:")
 
 
+def test_accelerate_launch_goes_through_the_launcher_and_says_when_accelerate_is_missing(engine, torch_image):
+    # The torch image carries the accelerate shim; accelerate itself is the user's to install.
+    result = engine.run(torch_image, "bash", "-lc", "command -v accelerate; accelerate launch train.py")
+    lines = result.stdout.splitlines() + result.stderr.splitlines()
+    assert lines[0] == "/opt/trainer-launcher/shims/accelerate", lines
+    assert result.returncode == 2, lines
+    assert [line for line in lines[1:] if line.strip()] == [
+        "trainer-launcher: error: accelerate is unset: expected accelerate installed for "
+        "/opt/trainer-launcher/venv/bin/python3 (pip install accelerate): `accelerate launch` needs it "
+        "-> exit 2 (permanent, ConfigError)"], lines
+
+
 def test_a_login_shell_keeps_the_mpi_shims_on_path(engine, mpi_image):
     _, image = mpi_image
     result = engine.run(image, "bash", "-lc", "command -v mpirun python3")

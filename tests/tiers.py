@@ -21,12 +21,12 @@ import subprocess
 import pytest
 
 UNIT = frozenset({
-    "test_devices", "test_fuzz_parsers", "test_hang_unit", "test_layers", "test_mpi_plan", "test_outcome",
+    "test_accelerate_plan", "test_devices", "test_fuzz_parsers", "test_hang_unit", "test_layers", "test_mpi_plan", "test_outcome",
     "test_smoke_checks", "test_smoke_skus", "test_torch_plan",
 })
 SYSTEM = frozenset({
     "test_images", "test_image_trixie", "test_sdk", "test_mpi_framework_images", "test_mpi",
-    "test_matrix_torch", "test_matrix_jax", "test_matrix_xgboost", "test_matrix_mpi",
+    "test_matrix_accelerate", "test_matrix_torch", "test_matrix_jax", "test_matrix_xgboost", "test_matrix_mpi",
 })
 TIERS = ("unit", "integration", "system")
 

@@ -33,6 +33,15 @@ def run_command(launcher_overrides: dict, body: Callable[[LauncherSettings], Out
         return deliver(error.outcome(), termination_log, codes)
 
 
+def refuse(launcher_overrides: dict, error: LauncherError) -> int:
+    """Deliver ``error`` (bad input found before a job began) as every subcommand does."""
+
+    def body(launcher: LauncherSettings) -> Outcome:
+        raise error
+
+    return run_command(launcher_overrides, body)
+
+
 def print_plan(launcher_overrides: dict, build: Callable[[LauncherSettings], dict]) -> int:
     """``plan`` and ``policy``: print what ``build(launcher settings)`` returns, as JSON. Bad input
     is one line and exit 2, as everywhere; nothing is written to the termination log."""

@@ -50,6 +50,7 @@ SUPPORTED: dict[str, Supported] = {s.package: s for s in (
     Supported("mpi4py", "3.1", "4.2", ("3.1.6", "4.1.2")),
     Supported("deepspeed", "0.19", "0.20", ("0.19.8",)),
     Supported("transformers", "5.23", "6.0", ("5.23.0",)),
+    Supported("accelerate", "1.0", "1.16", ("1.0.1", "1.15.0")),
 )}
 
 

@@ -25,9 +25,17 @@ def add_shared_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tune", action="store_true",
                         help="the words after -- are torchtune's `tune run` words: [TORCHRUN FLAGS] RECIPE "
                              "--config CONFIG [KEY=VALUE ...] (the `tune` shim sends them)")
+    parser.add_argument("--accelerate", action="store_true",
+                        help="the words after -- are `accelerate launch` words: [ACCELERATE FLAGS] SCRIPT [ARGS...], "
+                             "read by Accelerate, the world from PET_* where they set none (the `accelerate` shim "
+                             "sends them)")
 
 
 def run(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
+    if args.accelerate:
+        from launcher.torch import accelerate_launch as accelerate
+
+        return accelerate.run(overrides, rest)
     if args.tune:
         from launcher.torch import tune
 
@@ -45,6 +53,10 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
         torch_plan, _ = make_plan(words, require_program=False, launcher=launcher)
         return {**torch_plan.to_json(), "launcher": launcher.plan_json()}
 
+    if args.accelerate:
+        from launcher.torch import accelerate_launch as accelerate
+
+        return print_plan(overrides, lambda launcher: accelerate.plan(rest, lambda words: build(launcher, words)))
     if args.tune:
         from launcher.torch import tune
 
@@ -61,7 +73,10 @@ def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[s
         rest = tune.local_words(overrides, rest)
         if isinstance(rest, int):
             return rest
-    return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation)
+    # Each emulated pod reads an accelerate line itself, with its own PET_*.
+    mode = ["--accelerate"] if args.accelerate else []
+    return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation,
+                     mode)
 
 
 def pod_request() -> PodRequest:

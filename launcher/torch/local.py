@@ -29,7 +29,8 @@ def node_env(job: Pods, index: int, nproc_per_node: str, master_port: int, base:
 
 
 def run_local(launcher_overrides: dict[str, Override], rest: list[str], nnodes: str, nproc_per_node: str,
-              trainjob: str, master_port: str | None, isolation: str) -> int:
+              trainjob: str, master_port: str | None, isolation: str, mode: list[str] = ()) -> int:
+    """``mode``: ``trainer-launcher torch``'s options that say what the words are (``--accelerate``)."""
     def body(launcher: LauncherSettings) -> Outcome:
         job = pods(nnodes, trainjob, isolation)
         try:
@@ -42,7 +43,7 @@ def run_local(launcher_overrides: dict[str, Override], rest: list[str], nnodes: 
         knobs = knob_args(launcher_overrides)
 
         def pod_command(index: int) -> tuple[list[str], dict[str, str]]:
-            argv = [sys.executable, "-m", "launcher", "torch", *knobs, "--", "--tee", "3", *rest]
+            argv = [sys.executable, "-m", "launcher", "torch", *mode, *knobs, "--", "--tee", "3", *rest]
             return argv, node_env(job, index, nproc, master, settings.environ())
 
         summary = f"{job.nnodes} nodes x {nproc} processes, master {job.address(0)}:{master}"

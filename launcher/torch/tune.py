@@ -180,7 +180,9 @@ def run(overrides: dict, words: list[str]) -> int:
     try:
         resolved = resolve_here(words)
     except ConfigError as error:
-        return _deliver(overrides, error)
+        from launcher.core.report import refuse
+
+        return refuse(overrides, error)
     if resolved.distributed:
         from launcher.torch.job import run_torch
 
@@ -207,14 +209,7 @@ def local_words(overrides: dict, words: list[str]) -> list[str] | int:
     try:
         return list(resolve_here(words, distributed=True).torchrun_args)
     except ConfigError as error:
-        return _deliver(overrides, error)
+        from launcher.core.report import refuse
 
+        return refuse(overrides, error)
 
-def _deliver(overrides: dict, error: ConfigError) -> int:
-    """Bad input as every subcommand reports it: one line, the termination message, exit 2."""
-    from launcher.core.report import run_command
-
-    def body(launcher):
-        raise error
-
-    return run_command(overrides, body)

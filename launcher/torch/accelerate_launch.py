@@ -1,0 +1,203 @@
+"""``accelerate launch`` under Trainer: Accelerate's reading of the line (accelerate_read.py, run in
+the user's interpreter) turned into a torchrun line for ``trainer-launcher torch``, the world taken
+from ``PET_*`` where the user set none.
+
+``accelerate launch`` alone does not read ``PET_*``: on every pod of a 2-node TrainJob it starts a
+one-machine job (and on a node without GPUs one process, whatever ``--num_processes`` says), so
+training runs at the wrong world size without a word. Here:
+
+- the world flags the user set, typed or in the config file, win as a typed torchrun flag does:
+  ``--num_machines`` -> ``--nnodes``, ``--main_process_ip``/``--main_process_port`` ->
+  ``--master-addr``/``--master-port``, ``--num_processes`` (the job's total) -> ``--nproc-per-node``
+  (the total over the node count); the torchrun options (``--rdzv_backend``, ``--max_restarts``,
+  ``--tee`` ...) keep their meaning;
+- a config file's ``machine_rank`` is not this pod's rank: one file serves every pod, so the rank
+  is the pod's (``PET_NODE_RANK``); a typed ``--machine_rank`` is kept;
+- everything else comes from ``PET_*`` through the torch plan, as for any torchrun line;
+- the ranks get the variables Accelerate computes from the flags and config file (mixed precision,
+  FSDP, DeepSpeed, dynamo...), and, on a node without GPUs, ``ACCELERATE_USE_CPU``, without which
+  each rank would see a world of one.
+
+Pure but for the last section (running the reader).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from launcher.core.outcome import ConfigError, UnsupportedVersion
+from launcher.torch import args as torchrun_args
+
+USAGE = "accelerate launch [ACCELERATE FLAGS] SCRIPT [ARGS...]"
+READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accelerate_read.py")
+# accelerate's torchrun options, by the torchrun flag each is
+TORCHRUN = {"rdzv_backend": "--rdzv-backend", "rdzv_conf": "--rdzv-conf", "max_restarts": "--max-restarts",
+            "monitor_interval": "--monitor-interval", "role": "--role", "tee": "--tee", "log_dir": "--log-dir"}
+
+
+@dataclass(frozen=True)
+class Given:
+    value: object
+    source: str  # the flag as accelerate names it, or "<key> in <config file>"
+
+    @property
+    def typed(self) -> bool:
+        return self.source.startswith("-")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What Accelerate's own code read from the line (accelerate_read.py's document)."""
+
+    version: str
+    mode: str
+    config: str | None
+    given: dict[str, Given]
+    env: dict[str, str]
+    script: str
+    script_args: tuple[str, ...]
+    module: bool = False
+    no_python: bool = False
+    alone: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, document: dict) -> Reading:
+        program = document["program"]
+        return cls(document["accelerate"], document["mode"], document.get("config"),
+                   {dest: Given(item["value"], item["from"]) for dest, item in document["given"].items()},
+                   dict(document["env"]), program["script"], tuple(program["args"]), bool(program["module"]),
+                   bool(program["noPython"]), dict(document.get("alone") or {}))
+
+
+@dataclass(frozen=True)
+class Translation:
+    torchrun_args: tuple[str, ...]
+    env: dict[str, str]
+    notes: tuple[str, ...] = ()
+
+    def to_json(self, reading: Reading, words: list[str]) -> dict:
+        return {"argv": ["accelerate", "launch", *words], "accelerate": reading.version, "mode": reading.mode,
+                "config": reading.config,
+                "given": {dest: {"value": g.value, "from": g.source} for dest, g in reading.given.items()},
+                "torchrun": ["torchrun", *self.torchrun_args], "env": self.env, "notes": list(self.notes),
+                "alone": reading.alone}
+
+
+def translate(reading: Reading, env_nnodes: int) -> Translation:
+    """The torchrun words for ``trainer-launcher torch`` and the ranks' added variables.
+    ``env_nnodes``: the node count ``PET_NNODES`` gives (1 without it)."""
+    given, flags, notes = reading.given, [], []
+    nnodes = env_nnodes
+    if "num_machines" in given:
+        nnodes = _int(given["num_machines"], 1)
+        flags += ["--nnodes", str(nnodes)]
+    if "num_processes" in given:
+        total = _int(given["num_processes"], 1)
+        if total % nnodes:
+            raise ConfigError(given["num_processes"].source, str(total),
+                              f"a multiple of the node count {nnodes}: it is the job's total number of processes")
+        flags += ["--nproc-per-node", str(total // nnodes)]
+    rank = given.get("machine_rank")
+    if rank is not None and rank.typed:
+        flags += ["--node-rank", str(_int(rank, 0))]
+    elif rank is not None:
+        notes.append(f"{rank.source} left out: one config file serves every pod, so each pod's rank is its own "
+                     f"(PET_NODE_RANK)")
+    if "main_process_ip" in given:
+        flags += ["--master-addr", str(given["main_process_ip"].value)]
+    port = given.get("main_process_port")
+    if port is not None:
+        if _int(port, 0) == 0:
+            if nnodes > 1:
+                raise ConfigError(port.source, "0", f"the master's port: every one of the {nnodes} nodes must know it "
+                                                    "(0, a free port, only works on one machine)")
+            flags += ["--standalone"]  # a free port of this machine, as accelerate's 0 means
+        else:
+            flags += ["--master-port", str(_int(port, 0))]
+    for dest, flag in TORCHRUN.items():
+        if dest in given:
+            flags += [flag, str(given[dest].value)]
+    flags += ["--module"] if reading.module else []
+    flags += ["--no-python"] if reading.no_python else []
+    program = torchrun_args.program_argv((reading.script, *reading.script_args))
+    return Translation((*flags, *program), dict(reading.env), tuple(notes))
+
+
+def _int(given: Given, low: int) -> int:
+    try:
+        value = int(str(given.value))
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise ConfigError(given.source, str(given.value), f"a whole number >= {low}")
+    return value
+
+
+# --- the CLI's side (`trainer-launcher torch|plan|local --accelerate`): I/O from here on -----------
+
+def read_here(words: list[str], python: str | None = None, timeout: float = 300.0) -> Reading:
+    """Accelerate's reading of ``words``, by accelerate_read.py in ``python`` (default: this
+    interpreter, the one the torch agent and its ranks run in)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    if not words or words[0] in ("-h", "--help"):
+        raise ConfigError("accelerate launch", " ".join(words) or None,
+                          f"a script to launch: {USAGE} (accelerate's own help is: accelerate launch --help)")
+    with tempfile.TemporaryDirectory(prefix="trainer-launcher-accelerate-") as scratch:
+        out = os.path.join(scratch, "reading.json")
+        result = subprocess.run([python or sys.executable, READER, "--out", out, "--", *words],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                timeout=timeout, text=True, errors="replace", check=False)
+        document = None
+        if os.path.exists(out):
+            with open(out) as file:
+                document = json.load(file)
+    if result.returncode == 2 and document and "error" in document:
+        error = document["error"]
+        if error.get("version"):
+            raise UnsupportedVersion(f"{error['name']}={error['value']!r}: expected {error['expected']}")
+        raise ConfigError(error["name"], None if error["value"] is None else str(error["value"]), error["expected"])
+    if result.returncode != 0 or not document:
+        tail = " | ".join(result.stdout.strip().splitlines()[-3:])
+        raise RuntimeError(f"reading the accelerate line failed (exit {result.returncode}): {tail}")
+    return Reading.from_json(document)
+
+
+def resolve_here(words: list[str], local_nnodes: int | None = None) -> tuple[Reading, Translation]:
+    """The reading and its translation, with the node count from PET_* (or ``local``'s)."""
+    nnodes = local_nnodes
+    if nnodes is None:
+        from launcher.core import settings
+        from launcher.torch.settings import TorchSettings
+
+        nnodes = settings.load(TorchSettings).nnodes[1]
+    reading = read_here(words)
+    return reading, translate(reading, nnodes)
+
+
+def run(overrides: dict, words: list[str]) -> int:
+    """``accelerate launch WORDS`` as ``trainer-launcher torch`` runs a torchrun line."""
+    from launcher.core import log
+
+    try:
+        _, translation = resolve_here(words)
+    except ConfigError as error:
+        from launcher.core.report import refuse
+
+        return refuse(overrides, error)
+    for note in translation.notes:
+        log.warning(note)
+    from launcher.torch.job import run_torch
+
+    return run_torch(overrides, list(translation.torchrun_args), extra_env=translation.env)
+
+
+def plan(words: list[str], torch_plan) -> dict:
+    reading, translation = resolve_here(words)
+    document = torch_plan(list(translation.torchrun_args))
+    return {**document, "accelerate": translation.to_json(reading, words)}
+

@@ -1,0 +1,50 @@
+"""A tiny Accelerate training script: a linear model and data made here, a few steps of SGD through
+``Accelerator.prepare`` (DDP when the world is larger than one), then each process writes
+REPORT_DIR/<process index>.json with what Accelerate saw (world, distributed type, mixed
+precision) and a checksum of its parameters, which is the same on every process when the
+gradients were averaged across all of them.
+
+FAIL_RANK  the process index that exits with EXIT_CODE (default 3) after the first step
+"""
+
+import json
+import os
+import sys
+
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+initial = float(sum(p.detach().abs().sum() for p in model.parameters()))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+index = accelerator.process_index
+# Every process gets different data: only averaged gradients keep the replicas equal.
+generator = torch.Generator().manual_seed(1000 + index)
+for step in range(3):
+    inputs = torch.randn(16, 8, generator=generator)
+    targets = inputs.sum(dim=1, keepdim=True)
+    loss = torch.nn.functional.mse_loss(model(inputs), targets)
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    if step == 0 and index == int(os.environ.get("FAIL_RANK", "-1")):
+        print(f"process {index} fails on purpose", flush=True)
+        sys.exit(int(os.environ.get("EXIT_CODE", "3")))
+checksum = float(sum(p.detach().double().sum() for p in accelerator.unwrap_model(model).parameters()))
+seen = accelerator.reduce(torch.tensor([float(index + 1)]), "sum")
+report = {
+    "index": index, "local": accelerator.local_process_index, "world": accelerator.num_processes,
+    "type": str(accelerator.distributed_type), "mixedPrecision": accelerator.mixed_precision,
+    "checksum": round(checksum, 6), "initial": round(initial, 6), "reduced": float(seen),
+    "env": {name: os.environ.get(name) for name in ("ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU",
+                                                     "MASTER_PORT", "OMP_NUM_THREADS")},
+}
+directory = os.environ["REPORT_DIR"]
+with open(os.path.join(directory, f".{index}.tmp"), "w") as handle:
+    json.dump(report, handle)
+os.replace(os.path.join(directory, f".{index}.tmp"), os.path.join(directory, f"{index}.json"))
+accelerator.wait_for_everyone()
+accelerator.end_training()

@@ -1,0 +1,138 @@
+"""``accelerate launch`` under Trainer, with the real accelerate on CPU: the images' ``accelerate``
+shim and ``trainer-launcher torch|local|plan --accelerate`` (launcher/torch/accelerate_launch.py).
+
+The program (tests/programs/accelerate_train.py) trains a small model through
+``Accelerator.prepare`` on different data in every process: equal parameters on every process
+afterwards mean the gradients were averaged across the whole world.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import accelerate_table
+import pytest
+from conftest import REPO, Job, clean_env, free_port, rank_reports
+
+pytest.importorskip("accelerate")
+TRAIN = str(REPO / "tests" / "programs" / "accelerate_train.py")
+SHIM = str(REPO / "images" / "shims" / "accelerate")
+CONFIG = accelerate_table.CONFIG
+
+
+def launcher(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launcher", *args]
+
+
+def assert_one_world(reports: dict[int, dict], world: int) -> None:
+    assert sorted(reports) == list(range(world)), reports
+    assert {r["world"] for r in reports.values()} == {world}
+    assert {r["reduced"] for r in reports.values()} == {world * (world + 1) / 2}  # every process in one group
+    assert {r["type"] for r in reports.values()} == {"DistributedType.MULTI_CPU"}
+    checksums = {r["checksum"] for r in reports.values()}
+    assert len(checksums) == 1, reports  # gradients averaged across every process
+    assert checksums != {r["initial"] for r in reports.values()}  # and the model trained
+
+
+def test_two_emulated_nodes_train_as_one_world_of_four(tmp_path, report_dir):
+    job = Job(launcher("local", "--nnodes", "2", "--nproc-per-node", "2", "--accelerate", "--", TRAIN),
+              clean_env(REPORT_DIR=str(report_dir)), tmp_path)
+    assert job.wait(240) == 0, job.stderr
+    reports = rank_reports(report_dir)
+    assert_one_world(reports, 4)
+    assert [reports[i]["local"] for i in range(4)] == [0, 1, 0, 1]  # node 0 holds processes 0 and 1
+
+
+def test_under_trainers_env_the_shim_wires_both_pods_from_a_config_file(tmp_path, report_dir):
+    """Two pods as Trainer starts them (PET_* for 2 nodes x 2 processes), each running the
+    TrainJob's command `accelerate launch --config_file cfg.yaml train.py` through the shim. The
+    config sets the job's total (4), mixed precision `no` and machine_rank 0 (as `accelerate config`
+    writes it): each pod keeps its own rank."""
+    port = free_port()
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    pods = []
+    for rank in (0, 1):
+        env = clean_env(REPORT_DIR=str(report_dir), PATH=path, PET_NNODES="2", PET_NPROC_PER_NODE="2",
+                        PET_NODE_RANK=str(rank), PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
+        pods.append(Job(["sh", SHIM, "launch", "--config_file", CONFIG, TRAIN], env, tmp_path, name=f"pod{rank}"))
+    for pod in pods:
+        assert pod.wait(240) == 0, pod.stderr
+    reports = rank_reports(report_dir)
+    assert_one_world(reports, 4)
+    assert {r["env"]["ACCELERATE_MIXED_PRECISION"] for r in reports.values()} == {"no"}
+    assert {r["mixedPrecision"] for r in reports.values()} == {"no"}
+    assert {r["env"]["MASTER_PORT"] for r in reports.values()} == {str(port)}
+    assert "machine_rank in" in pods[1].stderr and "left out" in pods[1].stderr
+
+
+def test_a_failing_process_is_named_on_both_nodes(tmp_path, report_dir):
+    job = Job(launcher("local", "--nnodes", "2", "--nproc-per-node", "2", "--accelerate", "--", TRAIN),
+              clean_env(REPORT_DIR=str(report_dir), FAIL_RANK="3", EXIT_CODE="3"), tmp_path)
+    assert job.wait(240) == 3, job.stderr
+    message = job.termination()
+    assert message["rootCause"]["rank"] == 3 and message["rootCause"]["node"] == "local-node-0-1", message
+    assert message["retryable"] is False
+    for node in ("[node-0]", "[node-1]"):
+        verdicts = [line for line in job.stderr.splitlines() if line.startswith(node) and "-> exit 3" in line]
+        assert verdicts and "rank 3" in verdicts[-1], (node, job.stderr)
+
+
+def test_a_port_and_a_total_the_user_typed_are_kept(tmp_path, report_dir):
+    """`--num_processes 2` on 2 nodes is one process per node; `--main_process_port` beats PET_MASTER_PORT."""
+    port = free_port()
+    job = Job(launcher("local", "--nnodes", "2", "--nproc-per-node", "2", "--accelerate", "--",
+                       "--num_processes", "2", "--main_process_port", str(port), TRAIN),
+              clean_env(REPORT_DIR=str(report_dir)), tmp_path)
+    assert job.wait(240) == 0, job.stderr
+    reports = rank_reports(report_dir)
+    assert_one_world(reports, 2)
+    assert {r["env"]["MASTER_PORT"] for r in reports.values()} == {str(port)}
+
+
+@pytest.mark.parametrize("line, name, value", [
+    ("--num_processes 3 train.py", "--num_processes", "3"),
+    ("--tpu train.py", "--tpu", "True"),
+    ("--no_such_flag train.py", "accelerate launch", "--no_such_flag train.py"),
+    ("--config_file /nonexistent.yaml train.py", "accelerate config", "/nonexistent.yaml"),
+])
+def test_a_bad_line_is_one_line_naming_it_and_exit_2(line, name, value):
+    result = accelerate_table.plan(line)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"trainer-launcher: error: {name}={value!r}: expected "), lines
+
+
+@pytest.mark.parametrize("line, world", accelerate_table.LINES, ids=[line for line, _ in accelerate_table.LINES])
+def test_the_comparison_table_row(line, world):
+    """Each row of the README's table: the world we run under Trainer's env (the user's setting
+    where there is one, PET_* elsewhere); Accelerate alone never forms that world on a CPU pod."""
+    row = accelerate_table.row(line)
+    assert (row["nodes"], row["nproc"]) == world, row
+    assert row["node_rank"] == 1  # the pod's own rank, whatever a config file says
+    alone = row["alone"]
+    assert alone.get("error") or alone["world"] != world[0] * world[1] or alone["machines"] == 1, alone
+
+
+def test_the_shim_leaves_accelerates_other_commands_to_accelerate(tmp_path):
+    env = clean_env(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    result = subprocess.run(["sh", SHIM, "env"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0 and "`Accelerate` version" in result.stdout, result.stdout + result.stderr
+    result = subprocess.run(["sh", SHIM, "launch", "--help"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0 and "--num_processes" in result.stdout, result.stderr
+
+
+def test_plan_shows_the_translated_line(tmp_path):
+    result = accelerate_table.plan(f"--config_file {CONFIG} --mixed_precision no train.py --lr 1")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    shown = document["accelerate"]
+    assert shown["argv"][:2] == ["accelerate", "launch"]
+    assert shown["given"]["num_processes"] == {"value": 4, "from": f"num_processes in {CONFIG}"}
+    assert shown["env"]["ACCELERATE_MIXED_PRECISION"] == "no" and shown["env"]["ACCELERATE_USE_CPU"] == "True"
+    assert document["argv"][-3:] == ["train.py", "--lr", "1"]
+    assert "--nproc-per-node" in document["argv"] and document["nprocPerNode"] == 2
