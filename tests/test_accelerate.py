@@ -14,18 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import accelerate_table
 import pytest
+
+import accelerate_table
 from conftest import REPO, Job, clean_env, free_port, rank_reports
+from launcher.torch.accelerate_launch import READER, Reading, translate
+from launcher.torch.plan import split_torchrun_args
 
 pytest.importorskip("accelerate")
 TRAIN = str(REPO / "tests" / "programs" / "accelerate_train.py")
 SHIM = str(REPO / "images" / "shims" / "accelerate")
 CONFIG = accelerate_table.CONFIG
-
-
-def launcher(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher", *args]
 
 
 def assert_one_world(reports: dict[int, dict], world: int) -> None:
@@ -38,59 +37,29 @@ def assert_one_world(reports: dict[int, dict], world: int) -> None:
     assert checksums != {r["initial"] for r in reports.values()}  # and the model trained
 
 
-def test_two_emulated_nodes_train_as_one_world_of_four(tmp_path, report_dir):
-    job = Job(launcher("local", "--nnodes", "2", "--nproc-per-node", "2", "--accelerate", "--", TRAIN),
-              clean_env(REPORT_DIR=str(report_dir)), tmp_path)
-    assert job.wait(240) == 0, job.stderr
-    reports = rank_reports(report_dir)
-    assert_one_world(reports, 4)
-    assert [reports[i]["local"] for i in range(4)] == [0, 1, 0, 1]  # node 0 holds processes 0 and 1
-
-
 def test_under_trainers_env_the_shim_wires_both_pods_from_a_config_file(tmp_path, report_dir):
     """Two pods as Trainer starts them (PET_* for 2 nodes x 2 processes), each running the
     TrainJob's command `accelerate launch --config_file cfg.yaml train.py` through the shim. The
     config sets the job's total (4), mixed precision `no` and machine_rank 0 (as `accelerate config`
-    writes it): each pod keeps its own rank."""
-    port = free_port()
+    writes it): each pod keeps its own rank. The command also types `--main_process_port`, which
+    beats PET_MASTER_PORT."""
+    port, pet_port = free_port(), free_port()
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     pods = []
     for rank in (0, 1):
         env = clean_env(REPORT_DIR=str(report_dir), PATH=path, PET_NNODES="2", PET_NPROC_PER_NODE="2",
-                        PET_NODE_RANK=str(rank), PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
-        pods.append(Job(["sh", SHIM, "launch", "--config_file", CONFIG, TRAIN], env, tmp_path, name=f"pod{rank}"))
+                        PET_NODE_RANK=str(rank), PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(pet_port))
+        pods.append(Job(["sh", SHIM, "launch", "--config_file", CONFIG, "--main_process_port", str(port), TRAIN],
+                        env, tmp_path, name=f"pod{rank}"))
     for pod in pods:
         assert pod.wait(240) == 0, pod.stderr
     reports = rank_reports(report_dir)
     assert_one_world(reports, 4)
+    assert [reports[i]["local"] for i in range(4)] == [0, 1, 0, 1]  # pod 0 holds processes 0 and 1
     assert {r["env"]["ACCELERATE_MIXED_PRECISION"] for r in reports.values()} == {"no"}
     assert {r["mixedPrecision"] for r in reports.values()} == {"no"}
     assert {r["env"]["MASTER_PORT"] for r in reports.values()} == {str(port)}
     assert "machine_rank in" in pods[1].stderr and "left out" in pods[1].stderr
-
-
-def test_a_failing_process_is_named_on_both_nodes(tmp_path, report_dir):
-    job = Job(launcher("local", "--nnodes", "2", "--nproc-per-node", "2", "--accelerate", "--", TRAIN),
-              clean_env(REPORT_DIR=str(report_dir), FAIL_RANK="3", EXIT_CODE="3"), tmp_path)
-    assert job.wait(240) == 3, job.stderr
-    message = job.termination()
-    assert message["rootCause"]["rank"] == 3 and message["rootCause"]["node"] == "local-node-0-1", message
-    assert message["retryable"] is False
-    for node in ("[node-0]", "[node-1]"):
-        verdicts = [line for line in job.stderr.splitlines() if line.startswith(node) and "-> exit 3" in line]
-        assert verdicts and "rank 3" in verdicts[-1], (node, job.stderr)
-
-
-def test_a_port_and_a_total_the_user_typed_are_kept(tmp_path, report_dir):
-    """`--num_processes 2` on 2 nodes is one process per node; `--main_process_port` beats PET_MASTER_PORT."""
-    port = free_port()
-    job = Job(launcher("local", "--nnodes", "2", "--nproc-per-node", "2", "--accelerate", "--",
-                       "--num_processes", "2", "--main_process_port", str(port), TRAIN),
-              clean_env(REPORT_DIR=str(report_dir)), tmp_path)
-    assert job.wait(240) == 0, job.stderr
-    reports = rank_reports(report_dir)
-    assert_one_world(reports, 2)
-    assert {r["env"]["MASTER_PORT"] for r in reports.values()} == {str(port)}
 
 
 @pytest.mark.parametrize("line, name, value", [
@@ -107,14 +76,40 @@ def test_a_bad_line_is_one_line_naming_it_and_exit_2(line, name, value):
     assert len(lines) == 1 and lines[0].startswith(f"trainer-launcher: error: {name}={value!r}: expected "), lines
 
 
+@pytest.fixture(scope="module")
+def read_here_in_process():
+    """accelerate_read.read in this process (one torch import for every row), under the env
+    of pod 1 of the table's TrainJob; the CLI path is the same function behind a subprocess."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_accelerate_read_under_test", READER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    saved, cwd = dict(os.environ), os.getcwd()
+    os.environ.update(accelerate_table.TRAINER_ENV)
+    os.chdir(REPO)  # the table's config file path is relative to the checkout
+    try:
+        yield module.read
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.mark.parametrize("line, world", accelerate_table.LINES, ids=[line for line, _ in accelerate_table.LINES])
-def test_the_comparison_table_row(line, world):
-    """Each row of the README's table: the world we run under Trainer's env (the user's setting
-    where there is one, PET_* elsewhere); Accelerate alone never forms that world on a CPU pod."""
-    row = accelerate_table.row(line)
-    assert (row["nodes"], row["nproc"]) == world, row
-    assert row["node_rank"] == 1  # the pod's own rank, whatever a config file says
-    alone = row["alone"]
+def test_the_comparison_table_row(line, world, read_here_in_process):
+    """Each row of the README's table (generated through `plan` by python -m tests.accelerate_table):
+    the world we run under Trainer's env, the user's setting where there is one, PET_* elsewhere;
+    Accelerate alone never forms that world on a CPU pod."""
+    reading = Reading.from_json(read_here_in_process(line.split(), say=lambda _: None))
+    translated = translate(reading, int(accelerate_table.TRAINER_ENV["PET_NNODES"]))
+    given = split_torchrun_args(list(translated.torchrun_args)).overrides
+    nodes = int(given["nnodes"].value) if "nnodes" in given else int(accelerate_table.TRAINER_ENV["PET_NNODES"])
+    nproc = int(given["nproc_per_node"].value) if "nproc_per_node" in given else int(
+        accelerate_table.TRAINER_ENV["PET_NPROC_PER_NODE"])
+    assert (nodes, nproc) == world, translated
+    assert "node_rank" not in given or given["node_rank"].value == "1"  # the pod's own rank
+    alone = reading.alone
     assert alone.get("error") or alone["world"] != world[0] * world[1] or alone["machines"] == 1, alone
 
 

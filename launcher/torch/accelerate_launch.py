@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from launcher.core.outcome import ConfigError, UnsupportedVersion
 from launcher.torch import args as torchrun_args
+from launcher.torch.job import TorchPod
 
 USAGE = "accelerate launch [ACCELERATE FLAGS] SCRIPT [ARGS...]"
 READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accelerate_read.py")
@@ -136,68 +137,95 @@ def _int(given: Given, low: int) -> int:
 
 # --- the CLI's side (`trainer-launcher torch|plan|local --accelerate`): I/O from here on -----------
 
-def read_here(words: list[str], python: str | None = None, timeout: float = 300.0) -> Reading:
-    """Accelerate's reading of ``words``, by accelerate_read.py in ``python`` (default: this
-    interpreter, the one the torch agent and its ranks run in)."""
-    import json
-    import subprocess
-    import sys
-    import tempfile
+class Reader:
+    """accelerate_read.py at work in ``python`` (default: this interpreter, the one the torch
+    agent and its ranks run in): started at once, so that its ``import torch`` overlaps the
+    launcher's own start and the agent's; :meth:`result` waits for its reading."""
 
-    if not words or words[0] in ("-h", "--help"):
-        raise ConfigError("accelerate launch", " ".join(words) or None,
-                          f"a script to launch: {USAGE} (accelerate's own help is: accelerate launch --help)")
-    with tempfile.TemporaryDirectory(prefix="trainer-launcher-accelerate-") as scratch:
-        out = os.path.join(scratch, "reading.json")
-        result = subprocess.run([python or sys.executable, READER, "--out", out, "--", *words],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                timeout=timeout, text=True, errors="replace", check=False)
-        document = None
-        if os.path.exists(out):
-            with open(out) as file:
-                document = json.load(file)
-    if result.returncode == 2 and document and "error" in document:
-        error = document["error"]
-        if error.get("version"):
-            raise UnsupportedVersion(f"{error['name']}={error['value']!r}: expected {error['expected']}")
-        raise ConfigError(error["name"], None if error["value"] is None else str(error["value"]), error["expected"])
-    if result.returncode != 0 or not document:
-        tail = " | ".join(result.stdout.strip().splitlines()[-3:])
-        raise RuntimeError(f"reading the accelerate line failed (exit {result.returncode}): {tail}")
-    return Reading.from_json(document)
+    def __init__(self, words: list[str], python: str | None = None):
+        import subprocess
+        import sys
+        import tempfile
+
+        self.words = words
+        if not words or words[0] in ("-h", "--help"):
+            self.process = None
+            return
+        self.scratch = tempfile.TemporaryDirectory(prefix="trainer-launcher-accelerate-")
+        self.out = os.path.join(self.scratch.name, "reading.json")
+        self.process = subprocess.Popen([python or sys.executable, READER, "--out", self.out, "--", *words],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, errors="replace")
+
+    def result(self, timeout: float = 300.0) -> Reading:
+        import json
+
+        if self.process is None:
+            raise ConfigError("accelerate launch", " ".join(self.words) or None,
+                              f"a script to launch: {USAGE} (accelerate's own help is: accelerate launch --help)")
+        with self.scratch:
+            output, _ = self.process.communicate(timeout=timeout)
+            document = None
+            if os.path.exists(self.out):
+                with open(self.out) as file:
+                    document = json.load(file)
+        code = self.process.returncode
+        if code == 2 and document and "error" in document:
+            error = document["error"]
+            if error.get("version"):
+                raise UnsupportedVersion(f"{error['name']}={error['value']!r}: expected {error['expected']}")
+            raise ConfigError(error["name"], None if error["value"] is None else str(error["value"]), error["expected"])
+        if code != 0 or not document:
+            tail = " | ".join(output.strip().splitlines()[-3:])
+            raise RuntimeError(f"reading the accelerate line failed (exit {code}): {tail}")
+        return Reading.from_json(document)
 
 
-def resolve_here(words: list[str], local_nnodes: int | None = None) -> tuple[Reading, Translation]:
-    """The reading and its translation, with the node count from PET_* (or ``local``'s)."""
-    nnodes = local_nnodes
-    if nnodes is None:
-        from launcher.core import settings
-        from launcher.torch.settings import TorchSettings
+def read_here(words: list[str], python: str | None = None) -> Reading:
+    return Reader(words, python).result()
 
-        nnodes = settings.load(TorchSettings).nnodes[1]
-    reading = read_here(words)
-    return reading, translate(reading, nnodes)
+
+def env_nnodes() -> int:
+    """The node count PET_* gives (the most, for an elastic MIN:MAX)."""
+    from launcher.core import settings
+    from launcher.torch.settings import TorchSettings
+
+    return settings.load(TorchSettings).nnodes[1]
 
 
 def run(overrides: dict, words: list[str]) -> int:
     """``accelerate launch WORDS`` as ``trainer-launcher torch`` runs a torchrun line."""
-    from launcher.core import log
+    from launcher import status
+    from launcher.core import lifecycle
 
-    try:
-        _, translation = resolve_here(words)
-    except ConfigError as error:
-        from launcher.core.report import refuse
+    return lifecycle.live(AcceleratePod(words), overrides, status.start_watch)
 
-        return refuse(overrides, error)
-    for note in translation.notes:
-        log.warning(note)
-    from launcher.torch.job import run_torch
 
-    return run_torch(overrides, list(translation.torchrun_args), extra_env=translation.env)
+class AcceleratePod(TorchPod):
+    """The torch pod, its torchrun words and ranks' variables read from an accelerate line: the
+    reader starts with the agent; the plan waits for its reading."""
+
+    def __init__(self, words: list[str]):
+        super().__init__([])
+        self.words = words
+
+    def start_early(self, life) -> None:
+        self.reader = Reader(self.words)
+        super().start_early(life)
+
+    def plan(self, life):
+        from launcher.core import log
+
+        translation = translate(self.reader.result(), env_nnodes())
+        for note in translation.notes:
+            log.warning(note)
+        self.rest, self.extra_env = list(translation.torchrun_args), translation.env
+        return super().plan(life)
 
 
 def plan(words: list[str], torch_plan) -> dict:
-    reading, translation = resolve_here(words)
+    reading = read_here(words)
+    translation = translate(reading, env_nnodes())
     document = torch_plan(list(translation.torchrun_args))
     return {**document, "accelerate": translation.to_json(reading, words)}
 
