@@ -8,6 +8,7 @@
 #   - a non-root user (uid $APP_UID, writable home) and /workspace owned by it; APP_UID=0 keeps
 #     root (for hosts that bind-mount root-owned directories, like the Kubeflow SDK's /workspace).
 # Usage: install-launcher.sh SRC EXTRAS USER_NAME [EXTRA PIP REQUIREMENTS...]
+#   (EXTRAS and the requirements are installed here only where install-deps.sh has not run)
 #   PYTHON (default python3): the base image's interpreter; APP_UID (default 1000);
 #   SHIMS: which of images/shims/ to put on PATH (torchrun; mpirun mpiexec).
 set -eu
@@ -17,9 +18,15 @@ PREFIX=${PREFIX:-/opt/trainer-launcher}
 PYTHON=${PYTHON:-python3}
 APP_UID=${APP_UID:-1000}
 
-# The environment is there already where install-deps.sh made it (its layer holds the dependencies).
-[ -x "$PREFIX/venv/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$PREFIX/venv"
-"$PREFIX/venv/bin/pip" install --no-cache-dir --disable-pip-version-check "$@" "${src}[${extras}]"
+# The environment is there already where install-deps.sh made it: its layer holds every dependency
+# and requirement, so only the package itself is installed here (no second resolution of torch,
+# jax, ...: seconds for each image whenever the code changes). Without it, everything is.
+if [ -x "$PREFIX/venv/bin/python" ]; then
+  "$PREFIX/venv/bin/pip" install --no-cache-dir --disable-pip-version-check --no-deps "$src"
+else
+  "$PYTHON" -m venv --system-site-packages "$PREFIX/venv"
+  "$PREFIX/venv/bin/pip" install --no-cache-dir --disable-pip-version-check "$@" "${src}[${extras}]"
+fi
 install -d -m 0755 "$PREFIX/shims"
 for shim in ${SHIMS:-}; do install -m 0755 "$src/images/shims/$shim" "$PREFIX/shims/$shim"; done
 install -m 0755 "$src/images/entrypoint.sh" "$PREFIX/entrypoint"

@@ -77,6 +77,8 @@ ENVS: dict[str, Env] = {env.name: env for env in [
     Env("mpi4py", "3.1.6", ("mpi4py==3.1.6",), mpi4py_source=True),
     # The oldest accelerate supported, over the oldest torch (their releases are a month apart).
     Env("accelerate", "1.0.1", ("accelerate==1.0.1",), base="torch-2.4.1"),
+    # Below the supported range, for the version gate's test (tests/test_matrix_accelerate.py).
+    Env("accelerate-below-range", "0.34.2", ("accelerate==0.34.2",), base="torch-2.4.1"),
 ]}
 
 

@@ -113,6 +113,23 @@ def test_the_comparison_table_row(line, world, read_here_in_process):
     assert alone.get("error") or alone["world"] != world[0] * world[1] or alone["machines"] == 1, alone
 
 
+@pytest.mark.parametrize("line, mode, expected", [
+    ("--use_fsdp --fsdp_sharding_strategy SHARD_GRAD_OP --fsdp_offload_params true train.py", "fsdp",
+     {"ACCELERATE_USE_FSDP": "true", "FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP", "FSDP_OFFLOAD_PARAMS": "true"}),
+    ("--use_deepspeed --zero_stage 2 --gradient_accumulation_steps 4 train.py", "deepspeed",
+     {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2",
+      "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}),
+    ("--cpu --dynamo_backend inductor --mixed_precision bf16 train.py", "cpu",
+     {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR", "ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_USE_CPU": "True"}),
+])
+def test_accelerates_own_code_computes_the_ranks_variables(line, mode, expected, read_here_in_process):
+    """FSDP, DeepSpeed, dynamo and mixed precision as Accelerate itself sets them for its ranks."""
+    reading = Reading.from_json(read_here_in_process(line.split(), say=lambda _: None))
+    assert reading.mode == mode
+    assert {name: reading.env.get(name) for name in expected} == expected
+    assert "MASTER_ADDR" not in reading.env and "MASTER_PORT" not in reading.env  # torchrun's to set
+
+
 def test_the_shim_leaves_accelerates_other_commands_to_accelerate(tmp_path):
     env = clean_env(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     result = subprocess.run(["sh", SHIM, "env"], env=env, capture_output=True, text=True, timeout=120, check=False)

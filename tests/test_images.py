@@ -40,7 +40,8 @@ def test_dockerfiles_lint_clean():
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="needs shellcheck (.ci/install-containers installs it)")
 def test_image_scripts_pass_shellcheck():
-    scripts = [*sorted((REPO / "images").glob("*.sh")), REPO / "images/shims/torchrun", REPO / "images/shims/mpirun"]
+    scripts = [*sorted((REPO / "images").glob("*.sh")), *(REPO / "images/shims" / name for name in (
+        "torchrun", "mpirun", "tune", "accelerate", "python"))]
     result = subprocess.run(["shellcheck", "--shell=sh", *map(str, scripts)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
@@ -111,6 +112,17 @@ def test_sdk_torchrun_command_runs_through_the_launcher(engine, torch_image, tmp
     assert "trainer-launcher: the job succeeded" in result.stderr
     ranks = [json.loads(p.read_text()) for p in sorted((tmp_path / "reports").glob("*.json"))]
     assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("module, by_argument", [("torch.distributed.launch", True), ("torch.distributed.run", False)])
+def test_python_dash_m_torch_distributed_as_the_command_runs_through_the_launcher(engine, torch_image, tmp_path,
+                                                                                 module, by_argument):
+    result, _ = sdk_torchrun(engine, torch_image, tmp_path, command=("python", "-m", module, "/programs/legacy_launch.py"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "trainer-launcher: the job succeeded" in result.stderr
+    ranks = [json.loads(p.read_text()) for p in sorted((tmp_path / "reports").glob("*.json"))]
+    assert [(r["rank"], r["world"], r["envLocalRank"]) for r in ranks] == [(0, 2, "0"), (1, 2, "1")]
+    assert [r["argLocalRank"] for r in ranks] == ([0, 1] if by_argument else [None, None])
 
 
 def test_sdk_torchrun_command_keeps_the_ranks_exit_code(engine, torch_image, tmp_path):
@@ -219,12 +231,14 @@ def test_at_a_terminal_the_command_runs_directly(engine, torch_image):
 @pytest.mark.parametrize("user, uid", [(None, "1000"), ("0", "0")])
 def test_a_login_shell_keeps_the_shim_and_the_venv_on_path(engine, torch_image, user, uid):
     # Debian's /etc/profile sets PATH anew for login shells; the SDK's trainer is `bash -lc`.
-    result = engine.run(torch_image, "bash", "-lc", "id -u; command -v torchrun python; echo $PATH",
+    result = engine.run(torch_image, "bash", "-lc", "id -u; command -v torchrun python; "
+                        "python -c 'import sys; print(sys.executable)'; echo $PATH",
                         options=["--user", user] if user else [])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.split()
-    assert lines[:3] == [uid, "/opt/trainer-launcher/shims/torchrun", "/opt/trainer-launcher/venv/bin/python"]
-    assert lines[3].startswith("/opt/trainer-launcher/shims:/opt/trainer-launcher/venv/bin:")
+    assert lines[:4] == [uid, "/opt/trainer-launcher/shims/torchrun", "/opt/trainer-launcher/shims/python",
+                         "/opt/trainer-launcher/venv/bin/python"]  # the shim hands any other python over
+    assert lines[4].startswith("/opt/trainer-launcher/shims:/opt/trainer-launcher/venv/bin:")
 
 
 def test_accelerate_launch_goes_through_the_launcher_and_says_when_accelerate_is_missing(engine, torch_image):
@@ -295,8 +309,11 @@ def test_sdk_initializer_command_runs_our_initializer_from_app(engine, torch_ima
 
 
 def test_python_in_the_sdk_initializer_shell_is_the_launchers(engine, torch_image):
-    result = engine.run(torch_image, "bash", "-c", "command -v python; pwd", options=["--workdir", "/app"])
-    assert result.stdout.split() == ["/opt/trainer-launcher/venv/bin/python", "/app"], result.stderr
+    # `python` is the shim (python -m torch.distributed.*), which hands any other line to the venv's.
+    result = engine.run(torch_image, "bash", "-c", "command -v python; python -c 'import sys; print(sys.executable)'; pwd",
+                        options=["--workdir", "/app"])
+    assert result.stdout.split() == ["/opt/trainer-launcher/shims/python", "/opt/trainer-launcher/venv/bin/python",
+                                     "/app"], result.stderr
 
 
 def test_a_root_owned_workspace_is_named_once_at_start(engine, torch_image, tmp_path):

@@ -1,13 +1,18 @@
 """The compatibility matrix for accelerate: ``accelerate launch`` under ``local`` against the
 oldest accelerate supported (1.0.1, over torch 2.4.1: tests/matrix_envs.py) and the newest (the
 test venv's). accelerate_read.py calls Accelerate's private ``_validate_launch_command``: these
-runs are what its version gate (launcher/core/versions.py) stands on."""
+runs are what its version gate (launcher/core/versions.py) stands on, and an accelerate below the
+range (0.34.2) shows the gate itself."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
+
 from conftest import Job, clean_env, rank_reports
-from matrix_envs import python_fixture
+from launcher import __version__
+from matrix_envs import ensure, python_fixture
 from test_accelerate import TRAIN, assert_one_world
 
 pytestmark = pytest.mark.matrix
@@ -38,3 +43,26 @@ def test_a_failing_process_keeps_its_code_on_both_nodes(python, tmp_path, report
     for node in ("[node-0]", "[node-1]"):
         verdicts = [line for line in job.stderr.splitlines() if line.startswith(node) and "-> exit 3" in line]
         assert verdicts and "rank 3" in verdicts[-1], (node, job.stderr)
+
+
+def test_an_accelerate_below_the_range_is_refused_in_one_line_or_run_when_allowed(tmp_path):
+    """accelerate 0.34.2 (over torch 2.4.1): the reader would call its private
+    _validate_launch_command; the gate refuses it first, unless the user allows untested versions."""
+    python = ensure("accelerate-below-range-0.34.2").python
+    program = tmp_path / "hello.py"
+    program.write_text("print('hello from', __import__('os').environ['RANK'])\n")
+    refused = subprocess.run([python, "-m", "launcher", "torch", "--accelerate", "--", str(program)],
+                             env=clean_env(LAUNCHER_TERMINATION_LOG=str(tmp_path / "t.json")), capture_output=True,
+                             text=True, timeout=120, check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "trainer-launcher: error: accelerate='0.34.2': expected accelerate >=1.0,<1.16, the range trainer-launcher "
+        f"{__version__} supports (tested: 1.0.1, 1.15.0); LAUNCHER_ALLOW_UNTESTED_VERSIONS=1 runs it anyway "
+        "-> exit 2 (permanent, UnsupportedVersion)"]
+    allowed = subprocess.run([python, "-m", "launcher", "torch", "--allow-untested-versions", "1", "--accelerate", "--",
+                              "--num_processes", "2", str(program)], env=clean_env(), capture_output=True, text=True,
+                             timeout=180, check=False)
+    assert allowed.returncode == 0, allowed.stderr
+    assert "accelerate='0.34.2': expected" in allowed.stderr and "running it anyway" in allowed.stderr
+    assert sorted(line for line in allowed.stdout.splitlines() if line.startswith("hello")) == [
+        "hello from 0", "hello from 1"]

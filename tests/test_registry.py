@@ -46,7 +46,7 @@ def test_the_registry_knows_each_frameworks_collectives_as_the_hang_check_sees_t
 
 def test_the_switches_are_every_option_that_takes_no_value():
     switches = cli._switches(cli._parser(cli.frameworks()))
-    assert switches == {"-h", "--help", "--version", "--worker", "--json", "--tune", "--accelerate"}
+    assert switches == {"-h", "--help", "--version", "--worker", "--json", "--tune", "--accelerate", "--distributed-launch"}
 
 
 def test_a_new_switch_needs_no_list_kept_by_hand():

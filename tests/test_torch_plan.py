@@ -590,3 +590,30 @@ def test_flight_recorder_settings_the_user_made_win_under_either_name(make_plan)
     assert plan_torch(torch, host(), run, {}, user_env={"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}).env_set.get(
         "TORCH_NCCL_DUMP_ON_TIMEOUT") is None
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in base.env_set  # no environment given: nothing planned
+
+
+# --- python -m torch.distributed.launch (launcher/torch/legacy_launch.py) --------------------------
+
+def test_legacy_launch_takes_use_env_from_the_flags_only():
+    from launcher.torch import legacy_launch
+
+    line = legacy_launch.read(["--nproc-per-node", "2", "--use_env", "train.py", "--lr", "1"])
+    assert (line.torchrun_words, line.use_env) == (("--nproc-per-node", "2", "train.py", "--lr", "1"), True)
+    line = legacy_launch.read(["--nproc-per-node", "2", "train.py", "--use-env"])  # the script's own flag
+    assert (line.torchrun_words, line.use_env) == (("--nproc-per-node", "2", "train.py", "--use-env"), False)
+
+
+def test_legacy_launch_puts_use_env_among_the_flags_before_a_closing_double_dash():
+    from launcher.torch import legacy_launch
+
+    line = legacy_launch.LegacyLine(("x",), True)
+    assert line.module_args(("--nnodes", "1", "--"), ("-weird.py",)) == ["--nnodes", "1", "--use-env", "--", "-weird.py"]
+    assert legacy_launch.LegacyLine(("x",), False).module_args(("--nnodes", "1"), ("t.py",)) == ["--nnodes", "1", "t.py"]
+
+
+def test_legacy_launch_refuses_no_python_without_use_env_as_the_module_does():
+    from launcher.torch import legacy_launch
+
+    with pytest.raises(ConfigError, match="--no-python=True: expected --use-env with it"):
+        legacy_launch.read(["--no-python", "./run.sh"])
+    assert legacy_launch.read(["--no-python", "--use-env", "./run.sh"]).use_env

@@ -61,6 +61,7 @@ class Reading:
     module: bool = False
     no_python: bool = False
     alone: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # the reader's own (an untested accelerate run anyway)
 
     @classmethod
     def from_json(cls, document: dict) -> Reading:
@@ -68,7 +69,7 @@ class Reading:
         return cls(document["accelerate"], document["mode"], document.get("config"),
                    {dest: Given(item["value"], item["from"]) for dest, item in document["given"].items()},
                    dict(document["env"]), program["script"], tuple(program["args"]), bool(program["module"]),
-                   bool(program["noPython"]), dict(document.get("alone") or {}))
+                   bool(program["noPython"]), dict(document.get("alone") or {}), tuple(document.get("warnings", ())))
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def translate(reading: Reading, env_nnodes: int) -> Translation:
     flags += ["--module"] if reading.module else []
     flags += ["--no-python"] if reading.no_python else []
     program = torchrun_args.program_argv((reading.script, *reading.script_args))
-    return Translation((*flags, *program), dict(reading.env), tuple(notes))
+    return Translation((*flags, *program), dict(reading.env), (*reading.warnings, *notes))
 
 
 def _int(given: Given, low: int) -> int:
@@ -140,9 +141,10 @@ def _int(given: Given, low: int) -> int:
 class Reader:
     """accelerate_read.py at work in ``python`` (default: this interpreter, the one the torch
     agent and its ranks run in): started at once, so that its ``import torch`` overlaps the
-    launcher's own start and the agent's; :meth:`result` waits for its reading."""
+    launcher's own start and the agent's; :meth:`result` waits for its reading. ``overrides``:
+    the launcher's flags (``--allow-untested-versions`` reaches the reader's version check)."""
 
-    def __init__(self, words: list[str], python: str | None = None):
+    def __init__(self, words: list[str], python: str | None = None, overrides: dict | None = None):
         import subprocess
         import sys
         import tempfile
@@ -151,11 +153,16 @@ class Reader:
         if not words or words[0] in ("-h", "--help"):
             self.process = None
             return
+        env = dict(os.environ)
+        allow = (overrides or {}).get("allow_untested_versions")
+        if allow is not None:
+            env["LAUNCHER_ALLOW_UNTESTED_VERSIONS"] = str(allow.value)
         self.scratch = tempfile.TemporaryDirectory(prefix="trainer-launcher-accelerate-")
         self.out = os.path.join(self.scratch.name, "reading.json")
-        self.process = subprocess.Popen([python or sys.executable, READER, "--out", self.out, "--", *words],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, errors="replace")
+        # Accelerate's own lines (its defaults, its warnings) go to a file: said only if it fails.
+        with open(os.path.join(self.scratch.name, "said.txt"), "w") as said:
+            self.process = subprocess.Popen([python or sys.executable, READER, "--out", self.out, "--", *words],
+                                            stdin=subprocess.DEVNULL, stdout=said, stderr=subprocess.STDOUT, env=env)
 
     def result(self, timeout: float = 300.0) -> Reading:
         import json
@@ -164,7 +171,9 @@ class Reader:
             raise ConfigError("accelerate launch", " ".join(self.words) or None,
                               f"a script to launch: {USAGE} (accelerate's own help is: accelerate launch --help)")
         with self.scratch:
-            output, _ = self.process.communicate(timeout=timeout)
+            self.process.wait(timeout=timeout)
+            with open(os.path.join(self.scratch.name, "said.txt"), errors="replace") as file:
+                output = file.read()
             document = None
             if os.path.exists(self.out):
                 with open(self.out) as file:
@@ -181,8 +190,8 @@ class Reader:
         return Reading.from_json(document)
 
 
-def read_here(words: list[str], python: str | None = None) -> Reading:
-    return Reader(words, python).result()
+def read_here(words: list[str], python: str | None = None, overrides: dict | None = None) -> Reading:
+    return Reader(words, python, overrides).result()
 
 
 def env_nnodes() -> int:
@@ -198,19 +207,19 @@ def run(overrides: dict, words: list[str]) -> int:
     from launcher import status
     from launcher.core import lifecycle
 
-    return lifecycle.live(AcceleratePod(words), overrides, status.start_watch)
+    return lifecycle.live(AcceleratePod(words, overrides), overrides, status.start_watch)
 
 
 class AcceleratePod(TorchPod):
     """The torch pod, its torchrun words and ranks' variables read from an accelerate line: the
     reader starts with the agent; the plan waits for its reading."""
 
-    def __init__(self, words: list[str]):
+    def __init__(self, words: list[str], overrides: dict | None = None):
         super().__init__([])
-        self.words = words
+        self.words, self.overrides = words, overrides
 
     def start_early(self, life) -> None:
-        self.reader = Reader(self.words)
+        self.reader = Reader(self.words, overrides=self.overrides)
         super().start_early(life)
 
     def plan(self, life):
@@ -223,8 +232,8 @@ class AcceleratePod(TorchPod):
         return super().plan(life)
 
 
-def plan(words: list[str], torch_plan) -> dict:
-    reading = read_here(words)
+def plan(words: list[str], torch_plan, overrides: dict | None = None) -> dict:
+    reading = read_here(words, overrides=overrides)
     translation = translate(reading, env_nnodes())
     document = torch_plan(list(translation.torchrun_args))
     return {**document, "accelerate": translation.to_json(reading, words)}

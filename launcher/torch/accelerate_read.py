@@ -250,7 +250,9 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     words = options.words[1:] if options.words[:1] == ["--"] else options.words
     try:
-        document, code = read(words), 0
+        warnings: list[str] = []
+        document, code = read(words, say=lambda line: warnings.append(line.removeprefix("warning: "))), 0
+        document["warnings"] = warnings  # the launcher says them (this file's own output is kept back)
     except Refusal as refusal:
         document = {"error": {"name": refusal.name, "value": refusal.value, "expected": refusal.expected,
                               "version": refusal.version}}

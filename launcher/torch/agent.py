@@ -258,6 +258,10 @@ def _run(agent: Agent) -> int:
         # object: held here, until the other nodes are done with it (Peers.conclude).
         compat.keep_rendezvous_store(agent.stores.append)
         peers.start()
+    if plan.get("entry"):  # torch.distributed.launch: torchrun's run under its own main
+        import importlib
+
+        torchrun = importlib.import_module(plan["entry"])
     agent.run(torchrun, plan["args"])
     return 0
 

@@ -29,6 +29,9 @@ def add_shared_options(parser: argparse.ArgumentParser) -> None:
                         help="the words after -- are `accelerate launch` words: [ACCELERATE FLAGS] SCRIPT [ARGS...], "
                              "read by Accelerate, the world from PET_* where they set none (the `accelerate` shim "
                              "sends them)")
+    parser.add_argument("--distributed-launch", action="store_true",
+                        help="the words after -- are `python -m torch.distributed.launch` words: torchrun's and "
+                             "--use-env; without it each script is given --local-rank (the `python` shim sends them)")
 
 
 def run(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
@@ -40,6 +43,10 @@ def run(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str
         from launcher.torch import tune
 
         return tune.run(overrides, rest)
+    if args.distributed_launch:
+        from launcher.torch import legacy_launch
+
+        return legacy_launch.run(overrides, rest)
     from launcher.torch.job import run_torch
 
     return run_torch(overrides, rest)
@@ -56,11 +63,16 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
     if args.accelerate:
         from launcher.torch import accelerate_launch as accelerate
 
-        return print_plan(overrides, lambda launcher: accelerate.plan(rest, lambda words: build(launcher, words)))
+        return print_plan(overrides, lambda launcher: accelerate.plan(rest, lambda words: build(launcher, words),
+                                                                          overrides))
     if args.tune:
         from launcher.torch import tune
 
         return print_plan(overrides, lambda launcher: tune.plan(rest, lambda words: build(launcher, words)))
+    if args.distributed_launch:
+        from launcher.torch import legacy_launch
+
+        return print_plan(overrides, lambda launcher: legacy_launch.plan(rest, lambda words: build(launcher, words)))
     return print_plan(overrides, build)
 
 
@@ -74,7 +86,7 @@ def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[s
         if isinstance(rest, int):
             return rest
     # Each emulated pod reads an accelerate line itself, with its own PET_*.
-    mode = ["--accelerate"] if args.accelerate else []
+    mode = ["--accelerate"] if args.accelerate else ["--distributed-launch"] if args.distributed_launch else []
     return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation,
                      mode)
 

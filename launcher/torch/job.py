@@ -63,9 +63,8 @@ def make_plan(rest: list[str], require_program: bool = True,
     return plan, host
 
 
-def run_torch(launcher_overrides: dict[str, Override], rest: list[str], extra_env: dict[str, str] | None = None) -> int:
-    """``extra_env``: variables for every rank on top of the plan's (accelerate's, launcher/torch/accelerate.py)."""
-    return lifecycle.live(TorchPod(rest, extra_env), launcher_overrides, status.start_watch)
+def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
+    return lifecycle.live(TorchPod(rest), launcher_overrides, status.start_watch)
 
 
 class TorchPod(lifecycle.Pod):
@@ -75,10 +74,15 @@ class TorchPod(lifecycle.Pod):
     rank is gone and it waits for that verdict, which it shares with the other nodes."""
 
     name = "torch"
+    # The shapes that come to torchrun by other ways (accelerate_launch.py, legacy_launch.py) are
+    # subclasses: they set the words the plan reads (``rest``), variables for every rank on top of
+    # the plan's (``extra_env``), and may have the agent run another module's main (``entry``) on
+    # other arguments (``agent_args``).
+    entry: str | None = None
 
-    def __init__(self, rest: list[str], extra_env: dict[str, str] | None = None):
+    def __init__(self, rest: list[str]):
         self.rest = rest
-        self.extra_env = dict(extra_env or {})
+        self.extra_env: dict[str, str] = {}
         self.verdict: Outcome | None = None
 
     def start_early(self, life: lifecycle.Life) -> None:
@@ -107,8 +111,12 @@ class TorchPod(lifecycle.Pod):
             # On a hang, every node's stacks, through the agents (launcher.torch.peers).
             peers["dumpRequest"] = life.path("dump-stacks")
             monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], life.supervisor)
-        self.control.send({"args": [*plan.torchrun_args, *plan.program], "env": {**plan.env_set, **self.extra_env, **life.watched},
+        entry = {"entry": self.entry} if self.entry else {}
+        self.control.send({"args": self.agent_args(plan), **entry, "env": {**plan.env_set, **self.extra_env, **life.watched},
                            "unset": list(plan.env_unset), "grace": life.launcher.grace_period, "peers": peers})
+
+    def agent_args(self, plan: TorchPlan) -> list[str]:
+        return [*plan.torchrun_args, *plan.program]
 
     def _on_report(self, data: bytes) -> None:
         """The agent has reported and waits for this node's outcome, to share it with the other
