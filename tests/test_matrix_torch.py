@@ -124,3 +124,16 @@ def test_a_torchrun_flag_of_this_torch_passes_through(python, tmp_path):
         assert out.returncode == 0 and "--virtual-local-rank" in json.loads(out.stdout)["argv"], out.stderr
     else:
         assert out.returncode == 2 and "unrecognized arguments: --virtual-local-rank" in out.stderr, out.stderr
+
+
+def test_the_deprecated_launch_module_gives_each_script_its_local_rank(python, tmp_path):
+    """`python -m torch.distributed.launch` (trainer-launcher torch --distributed-launch): the module's
+    own main runs under the agent, on every torch we support."""
+    reports = tmp_path / "ranks"
+    reports.mkdir()
+    job = Job(run(python, "torch", "--distributed-launch", "--", "--standalone", "--nproc-per-node", "2",
+                  str(REPO / "tests" / "programs" / "legacy_launch.py")), clean_env(REPORT_DIR=str(reports)), tmp_path)
+    assert job.wait(180) == 0, job.stderr
+    seen = {int(p.stem): json.loads(p.read_text()) for p in reports.glob("*.json")}
+    assert [(seen[r]["argLocalRank"], seen[r]["envLocalRank"], seen[r]["allreduce"]) for r in (0, 1)] == [
+        (0, "0", 3.0), (1, "1", 3.0)]
