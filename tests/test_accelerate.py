@@ -1,7 +1,9 @@
 """``accelerate launch`` under Trainer, with the real accelerate on CPU: the images' ``accelerate``
 shim and ``trainer-launcher torch|local|plan --accelerate`` (launcher/torch/accelerate_launch.py).
 
-The program (tests/programs/accelerate_train.py) trains a small model through
+The real jobs (two pods under Trainer's env through the shim, a failing process under ``local``)
+are in tests/test_matrix_accelerate.py, on the oldest and the newest accelerate. The program
+(tests/programs/accelerate_train.py) trains a small model through
 ``Accelerator.prepare`` on different data in every process: equal parameters on every process
 afterwards mean the gradients were averaged across the whole world.
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import accelerate_table
-from conftest import REPO, Job, clean_env, free_port, rank_reports
+from conftest import REPO, clean_env
 from launcher.torch.accelerate_launch import READER, Reading, translate
 from launcher.torch.plan import split_torchrun_args
 
@@ -35,31 +37,6 @@ def assert_one_world(reports: dict[int, dict], world: int) -> None:
     checksums = {r["checksum"] for r in reports.values()}
     assert len(checksums) == 1, reports  # gradients averaged across every process
     assert checksums != {r["initial"] for r in reports.values()}  # and the model trained
-
-
-def test_under_trainers_env_the_shim_wires_both_pods_from_a_config_file(tmp_path, report_dir):
-    """Two pods as Trainer starts them (PET_* for 2 nodes x 2 processes), each running the
-    TrainJob's command `accelerate launch --config_file cfg.yaml train.py` through the shim. The
-    config sets the job's total (4), mixed precision `no` and machine_rank 0 (as `accelerate config`
-    writes it): each pod keeps its own rank. The command also types `--main_process_port`, which
-    beats PET_MASTER_PORT."""
-    port, pet_port = free_port(), free_port()
-    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    pods = []
-    for rank in (0, 1):
-        env = clean_env(REPORT_DIR=str(report_dir), PATH=path, PET_NNODES="2", PET_NPROC_PER_NODE="2",
-                        PET_NODE_RANK=str(rank), PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(pet_port))
-        pods.append(Job(["sh", SHIM, "launch", "--config_file", CONFIG, "--main_process_port", str(port), TRAIN],
-                        env, tmp_path, name=f"pod{rank}"))
-    for pod in pods:
-        assert pod.wait(240) == 0, pod.stderr
-    reports = rank_reports(report_dir)
-    assert_one_world(reports, 4)
-    assert [reports[i]["local"] for i in range(4)] == [0, 1, 0, 1]  # pod 0 holds processes 0 and 1
-    assert {r["env"]["ACCELERATE_MIXED_PRECISION"] for r in reports.values()} == {"no"}
-    assert {r["mixedPrecision"] for r in reports.values()} == {"no"}
-    assert {r["env"]["MASTER_PORT"] for r in reports.values()} == {str(port)}
-    assert "machine_rank in" in pods[1].stderr and "left out" in pods[1].stderr
 
 
 @pytest.mark.parametrize("line, name, value", [

@@ -247,10 +247,10 @@ def test_accelerate_launch_goes_through_the_launcher_and_says_when_accelerate_is
     lines = result.stdout.splitlines() + result.stderr.splitlines()
     assert lines[0] == "/opt/trainer-launcher/shims/accelerate", lines
     assert result.returncode == 2, lines
-    assert [line for line in lines[1:] if line.strip()] == [
+    assert [line for line in lines[1:] if line.strip()] == [(
         "trainer-launcher: error: accelerate is unset: expected accelerate installed for "
         "/opt/trainer-launcher/venv/bin/python3 (pip install accelerate): `accelerate launch` needs it "
-        "-> exit 2 (permanent, ConfigError)"], lines
+        "-> exit 2 (permanent, ConfigError)")], lines
 
 
 def test_a_login_shell_keeps_the_mpi_shims_on_path(engine, mpi_image):

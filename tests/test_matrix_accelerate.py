@@ -1,19 +1,21 @@
-"""The compatibility matrix for accelerate: ``accelerate launch`` under ``local`` against the
-oldest accelerate supported (1.0.1, over torch 2.4.1: tests/matrix_envs.py) and the newest (the
-test venv's). accelerate_read.py calls Accelerate's private ``_validate_launch_command``: these
+"""The compatibility matrix for accelerate: ``accelerate launch`` under Trainer's env (through the
+images' shim) and under ``local``, against the oldest accelerate supported (1.0.1, over torch
+2.4.1: tests/matrix_envs.py) and the newest (the test venv's). accelerate_read.py calls Accelerate's private ``_validate_launch_command``: these
 runs are what its version gate (launcher/core/versions.py) stands on, and an accelerate below the
 range (0.34.2) shows the gate itself."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import Job, clean_env, rank_reports
+from conftest import Job, clean_env, free_port, rank_reports
 from launcher import __version__
 from matrix_envs import ensure, python_fixture
-from test_accelerate import TRAIN, assert_one_world
+from test_accelerate import CONFIG, SHIM, TRAIN, assert_one_world
 
 pytestmark = pytest.mark.matrix
 python = python_fixture("accelerate")
@@ -24,16 +26,36 @@ def local(python: str) -> list[str]:
 
 
 def test_two_nodes_train_as_one_world(python, tmp_path, report_dir):
-    job = Job([*local(python), "--mixed_precision", "no", TRAIN], clean_env(REPORT_DIR=str(report_dir)), tmp_path)
-    assert job.wait(240) == 0, job.stderr
+    """Two pods as Trainer starts them (PET_* for 2 nodes x 2 processes), each running the TrainJob's
+    command `accelerate launch --config_file cfg.yaml --main_process_port P train.py` through the
+    images' shim. The config sets the job's total (4), mixed precision `no` and machine_rank 0 (as
+    `accelerate config` writes it): each pod keeps its own rank. The typed port beats PET_MASTER_PORT."""
+    launcher_bin = tmp_path / "bin"  # the image's `trainer-launcher`, in this interpreter
+    launcher_bin.mkdir()
+    (launcher_bin / "trainer-launcher").write_text(f'#!/bin/sh\nexec {python} -m launcher "$@"\n')
+    (launcher_bin / "trainer-launcher").chmod(0o755)
+    port, pet_port = free_port(), free_port()
+    pods = []
+    for rank in (0, 1):
+        env = clean_env(REPORT_DIR=str(report_dir), PATH=f"{launcher_bin}:{Path(python).parent}:{os.environ['PATH']}",
+                        PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(rank), PET_MASTER_ADDR="127.0.0.1",
+                        PET_MASTER_PORT=str(pet_port))
+        pods.append(Job(["sh", SHIM, "launch", "--config_file", CONFIG, "--main_process_port", str(port), TRAIN],
+                        env, tmp_path, name=f"pod{rank}"))
+    codes = [pod.wait(240) for pod in pods]
+    said = "\n".join(f"--- pod {rank} exited {code}:\n{pod.stderr}" for rank, (pod, code) in enumerate(zip(pods, codes)))
+    assert codes == [0, 0], said  # both pods' output: a failure on one is often explained by the other
     reports = rank_reports(report_dir)
     assert_one_world(reports, 4)
-    assert [reports[i]["local"] for i in range(4)] == [0, 1, 0, 1]  # node 0 holds processes 0 and 1
+    assert [reports[i]["local"] for i in range(4)] == [0, 1, 0, 1], said  # pod 0 holds processes 0 and 1
     assert {r["env"]["ACCELERATE_MIXED_PRECISION"] for r in reports.values()} == {"no"}
+    assert {r["mixedPrecision"] for r in reports.values()} == {"no"}
+    assert {r["env"]["MASTER_PORT"] for r in reports.values()} == {str(port)}
+    assert "machine_rank in" in pods[1].stderr and "left out" in pods[1].stderr
 
 
 def test_a_failing_process_keeps_its_code_on_both_nodes(python, tmp_path, report_dir):
-    """Process 3 exits 3 while the others wait in DDP's all-reduce (their gloo pairs print
+    """Under ``local --nnodes 2 --nproc-per-node 2``: process 3 exits 3 while the others wait in DDP's all-reduce (their gloo pairs print
     "Connection closed by peer"): both nodes say exit 3 and name process 3 on node 1."""
     job = Job([*local(python), TRAIN], clean_env(REPORT_DIR=str(report_dir), FAIL_RANK="3", EXIT_CODE="3"), tmp_path)
     assert job.wait(240) == 3, job.stderr
@@ -55,10 +77,10 @@ def test_an_accelerate_below_the_range_is_refused_in_one_line_or_run_when_allowe
                              env=clean_env(LAUNCHER_TERMINATION_LOG=str(tmp_path / "t.json")), capture_output=True,
                              text=True, timeout=120, check=False)
     assert refused.returncode == 2, refused.stderr
-    assert refused.stderr.strip().splitlines() == [
+    assert refused.stderr.strip().splitlines() == [(
         "trainer-launcher: error: accelerate='0.34.2': expected accelerate >=1.0,<1.16, the range trainer-launcher "
         f"{__version__} supports (tested: 1.0.1, 1.15.0); LAUNCHER_ALLOW_UNTESTED_VERSIONS=1 runs it anyway "
-        "-> exit 2 (permanent, UnsupportedVersion)"]
+        "-> exit 2 (permanent, UnsupportedVersion)")]
     allowed = subprocess.run([python, "-m", "launcher", "torch", "--allow-untested-versions", "1", "--accelerate", "--",
                               "--num_processes", "2", str(program)], env=clean_env(), capture_output=True, text=True,
                              timeout=180, check=False)
