@@ -43,7 +43,7 @@ def test_two_nodes_train_as_one_world(python, tmp_path, report_dir):
         pods.append(Job(["sh", SHIM, "launch", "--config_file", CONFIG, "--main_process_port", str(port), TRAIN],
                         env, tmp_path, name=f"pod{rank}"))
     codes = [pod.wait(240) for pod in pods]
-    said = "\n".join(f"--- pod {rank} exited {code}:\n{pod.stderr}" for rank, (pod, code) in enumerate(zip(pods, codes)))
+    said = "\n".join(f"--- pod {rank} exited {code}:\n{pod.stderr}" for rank, (pod, code) in enumerate(zip(pods, codes, strict=True)))
     assert codes == [0, 0], said  # both pods' output: a failure on one is often explained by the other
     reports = rank_reports(report_dir)
     assert_one_world(reports, 4)
