@@ -158,9 +158,10 @@ def ranks_env(args, mode: str, from_config: bool, defaults) -> dict[str, str]:
         probe.deepspeed_fields_from_accelerate_config = ",".join(fields + (["mixed_precision"] if from_config else []))
         _, env = prepare.prepare_deepspeed_cmd_env(probe)
     elif mode == "cpu":
-        probe.mpirun_hostfile = None
+        # As `--cpu` gives it, also on a node without GPUs where the user did not type it: without
+        # ACCELERATE_USE_CPU each rank of a torchrun world would see a world of one.
+        probe.mpirun_hostfile, probe.cpu = None, True
         _, env = prepare.prepare_simple_launcher_cmd_env(probe)
-        env["ACCELERATE_USE_CPU"] = "True"  # without it each rank would see a world of one
     else:
         env = prepare.prepare_multi_gpu_env(probe)
         if not _p2p_ok():
