@@ -44,6 +44,7 @@ def assert_one_world(reports: dict[int, dict], world: int) -> None:
     ("--tpu train.py", "--tpu", "True"),
     ("--no_such_flag train.py", "accelerate launch", "--no_such_flag train.py"),
     ("--config_file /nonexistent.yaml train.py", "accelerate config", "/nonexistent.yaml"),
+    ("--module --no_python train", "--module", "True"),
 ])
 def test_a_bad_line_is_one_line_naming_it_and_exit_2(line, name, value):
     result = accelerate_table.plan(line)
@@ -125,3 +126,17 @@ def test_plan_shows_the_translated_line(tmp_path):
     assert shown["env"]["ACCELERATE_MIXED_PRECISION"] == "no" and shown["env"]["ACCELERATE_USE_CPU"] == "True"
     assert document["argv"][-3:] == ["train.py", "--lr", "1"]
     assert "--nproc-per-node" in document["argv"] and document["nprocPerNode"] == 2
+
+
+def test_a_run_that_ends_before_its_plan_leaves_no_reader_behind(tmp_path):
+    """A bad launcher variable ends the run before the reading is asked for: the reader, started at
+    once beside the torch agent, goes with it (the supervisor's teardown kills every descendant)."""
+    import psutil
+
+    script = str(tmp_path / "no-reader-left-behind.py")
+    result = subprocess.run([sys.executable, "-m", "launcher", "torch", "--accelerate", "--", script],
+                            env=clean_env(LAUNCHER_GRACE_PERIOD="soon"), capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 2 and "LAUNCHER_GRACE_PERIOD" in result.stderr, result.stderr
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if script in (p.info["cmdline"] or [])]
+    assert left == [], left

@@ -70,3 +70,14 @@ def test_module_no_python_and_awkward_arguments_read_back_as_the_program():
 
 def test_accelerates_variables_reach_the_ranks():
     assert translate(reading(), 2).env == {"ACCELERATE_MIXED_PRECISION": "no"}
+
+
+def test_the_reader_reports_exactly_the_torchrun_options_the_translation_maps():
+    import importlib.util
+
+    from launcher.torch.accelerate_launch import READER, TORCHRUN
+
+    spec = importlib.util.spec_from_file_location("_accelerate_read_plan_test", READER)
+    reader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reader)
+    assert set(reader.TORCHRUN) == set(TORCHRUN)

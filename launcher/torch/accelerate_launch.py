@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from launcher.core.outcome import ConfigError, UnsupportedVersion
 from launcher.torch import args as torchrun_args
-from launcher.torch.job import TorchPod
+from launcher.torch.job import TorchPod, run_pod
 
 USAGE = "accelerate launch [ACCELERATE FLAGS] SCRIPT [ARGS...]"
 READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accelerate_read.py")
@@ -204,10 +204,7 @@ def env_nnodes() -> int:
 
 def run(overrides: dict, words: list[str]) -> int:
     """``accelerate launch WORDS`` as ``trainer-launcher torch`` runs a torchrun line."""
-    from launcher import status
-    from launcher.core import lifecycle
-
-    return lifecycle.live(AcceleratePod(words, overrides), overrides, status.start_watch)
+    return run_pod(overrides, AcceleratePod(words, overrides))
 
 
 class AcceleratePod(TorchPod):

@@ -38,8 +38,8 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.a
 # accelerate's dests that say where the processes run and meet, by the torchrun flag each becomes
 # (num_processes is the job's total: the launcher divides it by the node count).
 WORLD = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
-TORCHRUN = {"rdzv_backend": "--rdzv-backend", "rdzv_conf": "--rdzv-conf", "max_restarts": "--max-restarts",
-            "monitor_interval": "--monitor-interval", "role": "--role", "tee": "--tee", "log_dir": "--log-dir"}
+# accelerate's torchrun options (their torchrun flags: accelerate_launch.TORCHRUN, the same dests).
+TORCHRUN = ("rdzv_backend", "rdzv_conf", "max_restarts", "monitor_interval", "role", "tee", "log_dir")
 # Variables of the world itself, which torchrun sets for every rank.
 WORLD_ENV = ("MASTER_ADDR", "MASTER_PORT")
 EX_USAGE, EX_SOFTWARE = 2, 70
@@ -54,12 +54,12 @@ class Refusal(Exception):
 
 
 def _versions():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "core", "versions.py")
-    spec = importlib.util.spec_from_file_location("_trainer_launcher_versions", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """launcher/core/versions.py, through the runners' loader (launcher/runner/program.py)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py")
+    spec = importlib.util.spec_from_file_location("_trainer_launcher_program", path)
+    program = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+    return program.core("versions")
 
 
 def check_version(say) -> str:
@@ -183,13 +183,11 @@ def what_alone_runs(args) -> dict:
     """What ``accelerate launch`` would start by itself on this node, in its own order of launchers:
     it reads no PET_*, so its world is the flags' and config file's, defaults filled in."""
     machines = args.num_machines or 1
-    torchrun = not args.cpu and (args.use_deepspeed or args.use_fsdp or args.use_megatron_lm or args.multi_gpu)
-    if not torchrun and not args.mpirun_hostfile:  # the simple launcher: one process
-        if machines > 1 and not args.main_process_ip:
-            return {"processes": 0, "world": 0, "machines": machines, "error": "no main_process_ip for several machines"}
-        return {"processes": 1, "world": 1, "machines": 1}
     if machines > 1 and not args.main_process_ip:
         return {"processes": 0, "world": 0, "machines": machines, "error": "no main_process_ip for several machines"}
+    torchrun = not args.cpu and (args.use_deepspeed or args.use_fsdp or args.use_megatron_lm or args.multi_gpu)
+    if not torchrun and not args.mpirun_hostfile:  # the simple launcher: one process
+        return {"processes": 1, "world": 1, "machines": 1}
     processes = args.num_processes or 0
     return {"processes": processes // machines, "world": processes, "machines": machines}
 
@@ -226,11 +224,14 @@ def read(words: list[str], say=lambda line: print(line, file=sys.stderr)) -> dic
 
     cuda = torch.cuda.is_available()
     mode = mode_of(args, defaults, cuda)
-    env = ranks_env(args, mode, mp_from_config, defaults)
-    if not threads:
-        env.pop("OMP_NUM_THREADS", None)  # the launcher's share of the CPUs, not Accelerate's 1
     if args.module and args.no_python:
         raise Refusal("--module", True, "either --module or --no_python, not both")
+    try:
+        env = ranks_env(args, mode, mp_from_config, defaults)
+    except (ValueError, RuntimeError) as error:  # Accelerate's own refusals (an fp8 it cannot run...)
+        raise Refusal("accelerate launch", " ".join(words), f"a launch accelerate accepts ({error})") from None
+    if not threads:
+        env.pop("OMP_NUM_THREADS", None)  # the launcher's share of the CPUs, not Accelerate's 1
     alone = what_alone_runs(args)
     return {
         "accelerate": version,

@@ -64,7 +64,12 @@ def make_plan(rest: list[str], require_program: bool = True,
 
 
 def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
-    return lifecycle.live(TorchPod(rest), launcher_overrides, status.start_watch)
+    return run_pod(launcher_overrides, TorchPod(rest))
+
+
+def run_pod(launcher_overrides: dict[str, Override], pod: TorchPod) -> int:
+    """A torch pod's life (TorchPod, or a subclass for another launch shape)."""
+    return lifecycle.live(pod, launcher_overrides, status.start_watch)
 
 
 class TorchPod(lifecycle.Pod):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from launcher.core.outcome import ConfigError
 from launcher.torch import args as torchrun_args
-from launcher.torch.job import TorchPod
+from launcher.torch.job import TorchPod, run_pod
 
 MODULE = "torch.distributed.launch"
 USE_ENV = ("--use-env", "--use_env")
@@ -73,10 +73,7 @@ def plan(words: list[str], torch_plan) -> dict:
 # --- the CLI's side (`trainer-launcher torch --distributed-launch`) --------------------------------
 
 def run(overrides: dict, words: list[str]) -> int:
-    from launcher import status
-    from launcher.core import lifecycle
-
-    return lifecycle.live(LegacyLaunchPod(words), overrides, status.start_watch)
+    return run_pod(overrides, LegacyLaunchPod(words))
 
 
 class LegacyLaunchPod(TorchPod):
