@@ -30,9 +30,10 @@ from launcher.core.outcome import PEER_LOSS_PATTERN, Outcome, RootCause, classif
 from launcher.core.settings import LauncherSettings, Override
 from launcher.mpi.detect import MpiImpl, find_libmpi
 from launcher.mpi.hostfile import Host
-from launcher.mpi.job import with_reported_error
+from launcher.mpi.job import root_cause, with_reported_error
 from launcher.mpi.plan import MLX_LIBMPI_ENV, MpiFacts, plan_mpi
 from launcher.mpi.reports import RankFailure
+from launcher.core.supervisor import Child
 from launcher.mpi.settings import MpiSettings
 
 RUNTIMES = REPO / "runtimes"
@@ -252,6 +253,25 @@ def test_the_peers_echo_of_a_ranks_own_exit_is_not_a_node_fault():
     assert outcome.message == "rank 1 on tj-node-0-1 exited with code 3"
     assert outcome.root_cause.rank == 1 and outcome.extra["failedRanks"] == [1]
     assert outcome.extra["lastLines"] == ["x"]
+
+
+def test_a_rank_that_left_without_a_report_is_the_cause_and_its_reporting_peer_the_echo(mpi_settings):
+    """Rank 1 ends by os._exit(3) (no report); rank 0 then reports gloo's "Connection reset by
+    peer". Open MPI names rank 1 first: the job fails with rank 1's 3, not a retryable node fault."""
+    planned = plan(mpi_settings)
+    child = Child(name="mpirun", pid=1, popen=None)
+    for line in ["[rank0]: " + GLOO_ECHO.replace("closed", "reset"), "The first process to do so was:", "",
+                 "   Process name: [prterun-tj-launcher-0-0-4943@1,1]", "   Exit code:    3"]:
+        child.tail.append(line)
+    echo = [RankFailure(0, "tj-node-0-0", 1, 0, "RuntimeError: [pair.cc:537] Read error: Connection reset by peer")]
+    cause = root_cause(planned, child, RootCause(node="tj-launcher-0-0", exit_code=3), echo)
+    assert (cause.rank, cause.node, cause.exit_code) == (1, "tj-node-0-0", 3)
+    failed = classify(3, evidence=GLOO_ECHO.replace("closed", "reset"), root_cause=cause, what="rank 1")
+    outcome = with_reported_error(failed, echo, _launcher())
+    assert (outcome.exit_code, outcome.reason, outcome.root_cause.rank) == (3, "Failed", 1)
+    assert outcome.extra["failedRanks"] == [0] and "error" not in outcome.extra  # the echo's words are not rank 1's
+    # A first report that is not a lost peer keeps its reporter as the cause.
+    assert root_cause(planned, child, RootCause(exit_code=3), [RankFailure(0, "h", 1, 0, "ValueError: x")]).rank == 0
 
 
 @pytest.mark.parametrize("evidence, error", [

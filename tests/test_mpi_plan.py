@@ -687,6 +687,20 @@ HYDRA_BANNER = [
     "=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES",
     "===================================================================================",
 ]
+OMPI5_EXITED = [
+    "prterun detected that one or more processes exited with non-zero status,",
+    "thus causing the job to be terminated. The first process to do so was:",
+    "",
+    "   Process name: [prterun-tj-launcher-0-0-4943@1,3]",
+    "   Exit code:    3",
+]
+OMPI4_EXITED = [
+    "mpirun detected that one or more processes exited with non-zero status, thus causing",
+    "the job to be terminated. The first process to do so was:",
+    "",
+    "  Process name: [[35711,1],12]",
+    "  Exit code:    3",
+]
 OMPI_SIGNAL = ["mpirun noticed that process rank 0 with PID 0 on node tj-node-0-2 exited on signal 9 (Killed)."]
 NOISE = ["epoch 1 loss 0.5", "Traceback (most recent call last):", "ValueError: boom"]
 
@@ -698,6 +712,8 @@ ROOT_CAUSE_CASES = [
     pytest.param(HYDRA_BANNER, None, "tj-node-0-1.tj", id="hydra-bad-termination"),
     pytest.param(HYDRA_ABORT + HYDRA_BANNER, 1, "tj-node-0-1.tj", id="hydra-abort-and-banner"),
     pytest.param(OMPI_SIGNAL, None, "tj-node-0-2", id="openmpi-signal"),
+    pytest.param(NOISE + OMPI5_EXITED, 3, None, id="openmpi5-first-nonzero-exit"),
+    pytest.param(OMPI4_EXITED, 12, None, id="openmpi4-first-nonzero-exit"),
 ]
 
 

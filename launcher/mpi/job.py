@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import shutil
@@ -31,6 +32,9 @@ from launcher.core.supervisor import Child
 # How the MPIs name the rank that brought the job down (MPI_Abort, as `python -m mpi4py` calls it).
 _ABORT_RANK = (
     re.compile(r"MPI_ABORT was invoked on rank (\d+)"),  # Open MPI
+    # Open MPI's "exited with non-zero status ... The first process to do so was: Process name:
+    # [[35711,1],1]" (4) or "[prterun-<host>-<pid>@1,1]" (5): the rank is the last number.
+    re.compile(r"The first process to do so was:\s*Process name:\s*\[.*,(\d+)\]"),
     re.compile(r"Abort\(\d+\) on node \d+ \(rank (\d+)"),  # MPICH, Intel MPI
 )
 _FAILED_HOST = (
@@ -196,40 +200,57 @@ def host_key_refused(host: str | None) -> Outcome:
 def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher: LauncherSettings) -> Outcome:
     """The root-cause rank's own words (its exception) and every rank that reported a failure.
 
-    A rank that reported its own failure is the peer the others then lost: their "connection
-    closed by peer" (gloo under DeepSpeed, NCCL) is its echo, not a node fault, so the job fails
-    with that rank's own exit code. A node fault in the rank's own error still counts."""
-    if not received or outcome.root_cause is None or outcome.root_cause.rank != received[0].rank:
+    The root-cause rank exited with a code of its own (it reported its failure, or left without a
+    word, through os._exit or a C exit()): the others' "connection closed/reset by peer" (gloo
+    under DeepSpeed, NCCL) is its echo, not a node fault, so the job fails with that rank's own
+    exit code. A node fault in the rank's own error still counts."""
+    cause = outcome.root_cause
+    if not received or cause is None:
         return outcome
-    first = received[0]
-    if (outcome.reason == Reasons.NODE_FAULT and first.exit_code and PEER_LOSS_PATTERN.search(outcome.evidence or "")
-            and not evidence_regex(launcher.retryable_pattern).search(first.error or "")):
-        cause = outcome.root_cause
-        outcome = classify(first.exit_code, retryable_codes=launcher.retryable_exit_codes, root_cause=cause,
+    own = next((report for report in received if report.rank == cause.rank), None)
+    if (outcome.reason == Reasons.NODE_FAULT and cause.exit_code and PEER_LOSS_PATTERN.search(outcome.evidence or "")
+            and not evidence_regex(launcher.retryable_pattern).search(own.error or "" if own else "")):
+        outcome = classify(cause.exit_code, retryable_codes=launcher.retryable_exit_codes, root_cause=cause,
                            what=f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
                            ).with_extra(**outcome.extra)
     extra: dict = {"failedRanks": [report.rank for report in received]}
-    if received[0].error:
-        extra["error"] = received[0].error
+    if own is not None and own.error:
+        extra["error"] = own.error
     return outcome.with_extra(**extra)
 
 
 def root_cause(plan: MpiPlan, child: Child, cause: RootCause, received: list[RankFailure] | None = None) -> RootCause:
     """The failing rank and its host: from the first rank that reported its failure, else from
-    mpirun's output; where only the rank is named, its host follows from the default by-slot
-    placement of our -np over the hostfile."""
+    mpirun's output; where only the rank is named, its pod follows from the default by-slot
+    placement of our -np over the hostfile (the entry's first label, as the pod's hostname and the
+    ranks' own reports say it).
+
+    mpirun's word wins over the first report when it names a rank that sent none and that report
+    is only a lost peer: that rank left without a word (os._exit, a C exit()) and the reporter is
+    its echo."""
+    said = _root_cause_from_output(child, cause)
     if received:
         first = received[0]
-        return replace(cause, rank=first.rank, local_rank=first.local_rank, node=first.host,
-                       exit_code=first.exit_code if first.exit_code is not None else cause.exit_code)
-    cause = _root_cause_from_output(child, cause)
+        silent = said.rank is not None and said.rank not in {report.rank for report in received}
+        if not (silent and PEER_LOSS_PATTERN.search(first.error or "")):
+            return replace(cause, rank=first.rank, local_rank=first.local_rank, node=first.host,
+                           exit_code=first.exit_code if first.exit_code is not None else cause.exit_code)
+    cause = said
     if cause.rank is not None and cause.node is None and plan.ranks is not None:
-        first = 0
+        first_rank = 0
         for host in plan.hosts:
-            if first <= cause.rank < first + host.slots:
-                return replace(cause, node=host.name)
-            first += host.slots
+            if first_rank <= cause.rank < first_rank + host.slots:
+                return replace(cause, node=host.name if _is_address(host.name) else host.name.split(".")[0])
+            first_rank += host.slots
     return cause
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def _root_cause_from_output(child: Child, cause: RootCause) -> RootCause:
