@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import pytest
 
 from launcher.core.outcome import (
+    LAST_LINES, aborted_on, last_lines,
     DEFAULT_RETRYABLE_EXIT_CODES, Outcome, RootCause, classify, evidence_regex, is_retryable, terminated,
 )
 
@@ -236,3 +238,21 @@ def test_a_user_pattern_adds_to_the_built_in_evidence():
     assert evidence_regex("MyRetryableError").search(line)
     assert evidence_regex("MyRetryableError").search(NODE_FAULT_LINES[0])
     assert not evidence_regex("MyRetryableError").search("loss 0.5")
+
+
+# --- what a native abort printed, at a glance -------------------------------------------------
+
+NCCL_ABORT = (Path(__file__).parent / "fixtures" / "nccl_watchdog_abort.txt").read_text().splitlines()  # an H200's
+
+
+def test_last_lines_leave_out_native_stack_frames_and_blank_lines():
+    last = last_lines(NCCL_ABORT)["lastLines"]
+    assert len(last) == LAST_LINES and last[-1].startswith("Compile with `TORCH_USE_CUDA_DSA`")
+    assert last_lines(["@ 0x7f3a2b1c  absl::Frame", "  @     0x55d1 main", "", "ValueError: x"]) == {"lastLines": ["ValueError: x"]}
+    assert last_lines(["frame #0: c10::Error", ""]) == {}
+
+
+def test_the_exception_a_native_abort_threw_is_its_what_line():
+    assert aborted_on(NCCL_ABORT).endswith("terminated with exception: CUDA error: device-side assert triggered")
+    assert aborted_on(["terminate called without an active exception"]) is None
+    assert len(aborted_on([f"  what():  {'x' * 2000}"])) <= 500

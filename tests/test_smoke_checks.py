@@ -67,17 +67,17 @@ def test_a_healthy_h100_node_passes_its_models_floors_with_their_sources():
         ["GPU bf16 matmul 8192^3", "GPU device-to-device copy", "GPU host<->device copy (pinned)",
          "GPU peer-to-peer copy", "NCCL all-reduce"], "pass")
     bf16 = found["GPU bf16 matmul 8192^3"]
-    assert (bf16.value, bf16.threshold, bf16.op) == (787.9, 650, ">=") and bf16.source.startswith("H100 SXM:")
+    assert (bf16.value, bf16.threshold, bf16.op) == (787.9, 560, ">=") and bf16.source.startswith("H100 SXM:")
     assert found["GPU device-to-device copy"].threshold == 1900
     assert found["NCCL all-reduce"].threshold == 460 and found["NCCL all-reduce"].detail == "4 GiB messages"
     assert found["GPU host<->device copy (pinned)"].value == 54.8  # the slower direction
 
 
 def test_one_degraded_gpu_fails_its_node_naming_it_though_a_generic_floor_would_pass_it():
-    # A throttled H100 at 420 TFLOP/s clears the old generic 100 but not the H100's 650.
+    # A throttled H100 at 420 TFLOP/s clears the old generic 100 but not the H100's 560.
     found = checks(StandIn(8, bf16={3: 420.0}, copy={5: 1450.0}))
     bf16, copy = found["GPU bf16 matmul 8192^3"], found["GPU device-to-device copy"]
-    assert bf16.status == "fail" and bf16.value == 420.0 and bf16.detail == "below 650 TFLOP/s: GPU 3 420.0"
+    assert bf16.status == "fail" and bf16.value == 420.0 and bf16.detail == "below 560 TFLOP/s: GPU 3 420.0"
     assert copy.status == "fail" and copy.detail == "below 1900 GB/s: GPU 5 1,450.0"
     assert checks(StandIn(8, bf16={3: 420.0}), sku=skus.GENERIC)["GPU bf16 matmul 8192^3"].status == "pass"
     outcome = outcome_of(list(found.values()))

@@ -13,7 +13,7 @@ from launcher.smoke import health, kernel, nvidia, rdma, skus
 from launcher.smoke.result import FAIL, PASS, SKIP, WARN, Threshold
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smoke"
-HEALTHY = ["h100-sxm.xml", "h200-sxm.xml", "h100-pcie.xml", "h100-nvl.xml", "h200-nvl.xml", "a100-sxm4-40gb.xml",
+HEALTHY = ["h100-sxm.xml", "h200-sxm.xml", "h200-sxm-real.xml", "h100-pcie.xml", "h100-nvl.xml", "h200-nvl.xml", "a100-sxm4-40gb.xml",
            "a100-sxm4-80gb.xml", "a100-pcie-40gb.xml", "a100-pcie-80gb.xml", "l40s.xml", "l4.xml"]
 NO_XIDS = kernel.XidLog([], "", "/dev/kmsg", 86400)
 NO_PORTS = rdma.PortScan(reason="no RDMA devices")

@@ -95,6 +95,21 @@ def test_the_root_cause_rank_decides_the_exit_code(tmp_path, report_dir, behavio
     assert len(job.termination_log.read_bytes()) <= 4096
 
 
+def test_a_rank_the_nccl_watchdog_aborts_on_a_cuda_error_names_that_error(tmp_path, report_dir):
+    """No GPU here: rank 1 replays what a rank printed on an H200 (tests/gpu/checks.sh, a
+    device-side assert under NCCL: the watchdog's "what():" line, then C++ stack frames) and
+    aborts. The termination message names the CUDA error; its last lines skip the frames."""
+    capture = Path(__file__).parent / "fixtures" / "nccl_watchdog_abort.txt"
+    job = single_node(tmp_path, report_dir, BEHAVIOUR="replay-abort", FAIL_RANK="1", ABORT_TEXT=str(capture))
+    assert job.wait() == 134, job.stderr
+    message = job.termination()
+    assert (message["reason"], message["retryable"], message["rootCause"]["signal"]) == ("Signaled", False, "SIGABRT")
+    assert message["error"].endswith("Process group watchdog thread terminated with exception: CUDA error: "
+                                      "device-side assert triggered")
+    assert message["lastLines"] and not [line for line in message["lastLines"] if "frame #" in line]
+    assert "For debugging consider passing CUDA_LAUNCH_BLOCKING=1" in message["lastLines"]
+
+
 def test_sigterm_to_the_launcher_stops_every_rank_and_exits_143(tmp_path, report_dir):
     job = single_node(tmp_path, report_dir, BEHAVIOUR="sleep")
     pids = [r["pid"] for r in wait_ready(report_dir, 2).values()]

@@ -258,11 +258,30 @@ def classify(
     return Outcome.of(reason, f"{what} {how}", root_cause, exit_code=code)
 
 
+# What a native abort prints that tells nobody anything at a glance: C++ stack frames (c10's
+# "frame #3: ..." and its header, absl's "@ 0x7f...") and blank lines.
+_NATIVE_NOISE = re.compile(r"^\s*(?:frame #\d+: |@\s+0x[0-9a-f]+\s|Exception raised from .* \(most recent call first\):$|$)")
+# The exception a C++ runtime aborted on: "terminate called after throwing an instance of 'X'"
+# then "  what():  <its message>" (an NCCL watchdog on a CUDA error, for one).
+_ABORTED_ON = re.compile(r"^\s*what\(\):\s+(.+)$")
+
+
 def last_lines(lines: Iterable[str]) -> dict:
     """The ``lastLines`` of a failed child's outcome: the last lines it printed, as many as the
-    termination message shows at a glance; nothing when it printed nothing."""
-    last = list(lines)[-LAST_LINES:]
+    termination message shows at a glance, less native stack frames; nothing when it printed
+    nothing."""
+    last = [line for line in lines if not _NATIVE_NOISE.match(line)][-LAST_LINES:]
     return {"lastLines": last} if last else {}
+
+
+def aborted_on(lines: Iterable[str]) -> str | None:
+    """The message of the C++ exception a process aborted on (SIGABRT), from its ``what():``
+    line, when its output has one: the error a termination message should name."""
+    found = None
+    for line in lines:
+        if match := _ABORTED_ON.match(line):
+            found = match[1].strip()
+    return _shorten(found, 500) if found else None
 
 
 def internal_error(error: BaseException | str, where: str | None = None, node: str | None = None) -> Outcome:

@@ -33,8 +33,6 @@ _OFF = ("0", "false", "no", "off")
 # What JAX prints before it aborts a process (SIGABRT) whose coordination service reported an error:
 # another process died, or the service host is gone.
 _SERVICE_FATAL = re.compile(r"JAX distributed service detected fatal errors")
-# A frame of the C++ stack trace JAX prints when it aborts: no help in a termination message.
-_STACK_FRAME = re.compile(r"^\s*@\s+0x[0-9a-f]+\s")
 # A second process registered under the same process id (JAX aborts the earlier one).
 _DUPLICATE_ID = re.compile(r"ALREADY_EXISTS: Aborted connect attempt|newer incarnation")
 
@@ -209,7 +207,7 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
     cause = RootCause(node=node, rank=pid, exit_code=returncode if returncode > 0 else None,
                       signal=signal_name(-returncode) if returncode < 0 else None)
     what = f"JAX process {pid} on {node}"
-    tail = last_lines(line for line in child.tail if not _STACK_FRAME.match(line))
+    tail = last_lines(child.tail)
     if role == "victim" and isinstance(report.get("stoppedBy"), dict):
         record = report["stoppedBy"]
         root = RootCause(node=record.get("node"), rank=record.get("processId"), exit_code=record.get("exitCode"))

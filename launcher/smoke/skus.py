@@ -51,13 +51,15 @@ def _temp(value: float, model: str) -> Threshold:
 
 H100_SXM = Sku(
     "H100 SXM",
-    _t(650, "H100 SXM: 989 dense bf16 peak (NVIDIA datasheet); 788 measured at 8192^3; floor about 82% of that"),
+    _t(560, "H100 SXM: 989 dense bf16 peak; this probe measured 677 over 30 s on a healthy one (709 in the quick "
+            "level's seconds); floor 560, about 85% of the lowest sustained rate measured on an H100/H200"),
     _t(1900, "H100 SXM: DCGM diag's memory bandwidth floor, 1.9 TB/s read+write (3.35 TB/s HBM3 peak; 3,002 measured)"),
     _t(460, "H100 SXM, 8 GPUs: nccl-tests all-reduce about 480 GB/s busbw at >= 4 GB; floor 460"),
     _GEN5, _NVLINK4, _temp(87, "H100 SXM"))
 H200_SXM = Sku(
     "H200 SXM",
-    _t(650, "H200 SXM: the H100's compute (989 dense bf16 peak); floor as H100 SXM"),
+    _t(560, "H200 SXM: the H100's compute (989 dense bf16 peak); this probe measured 660 over 30 s on a healthy one "
+            "(672 in the quick level's seconds); floor 560, as H100 SXM"),
     _t(2600, "H200 SXM: 4.8 TB/s HBM3e peak, 1.43x the H100's; DCGM's H100 floor scaled, 2.6 TB/s"),
     _t(431, "H200 SXM, 8 GPUs: nccl-tests all-reduce busbw at >= 4 GB; floor 431"),
     _GEN5, _NVLINK4, _temp(87, "H200 SXM"))

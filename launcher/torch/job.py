@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from launcher import status
 from launcher.core import lifecycle
 from launcher.core.outcome import (
-    PEER_LOSS_PATTERN, Outcome, Reasons, RootCause, classify, internal_error, last_lines, success, terminated,
+    PEER_LOSS_PATTERN, Outcome, Reasons, RootCause, aborted_on, classify, internal_error, last_lines, success, terminated,
 )
 from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
 from launcher.core.supervisor import Child, Supervisor
@@ -242,8 +242,10 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
             evidence = None
         outcome = classify(_returncode(root), retryable_codes=codes, evidence=evidence, root_cause=cause,
                            what=f"rank {root['rank']} (local rank {root['localRank']}) on {node}")
-        if root.get("message"):
-            tail = {**tail, "error": root["message"]}
+        if said := root.get("message") or (root["signal"] == "SIGABRT" and aborted_on(agent.tail)):
+            # A rank the C++ runtime aborted (torch's NCCL watchdog on a CUDA error) wrote no
+            # error file: its "what():" line is its error.
+            tail = {**tail, "error": said}
         failed = [f["rank"] for f in report["failures"]]
         return outcome.with_extra(failedRanks=failed, **tail)
     if "launcherError" in report:

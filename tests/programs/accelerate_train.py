@@ -26,7 +26,7 @@ index = accelerator.process_index
 # Every process gets different data: only averaged gradients keep the replicas equal.
 generator = torch.Generator().manual_seed(1000 + index)
 for step in range(3):
-    inputs = torch.randn(16, 8, generator=generator)
+    inputs = torch.randn(16, 8, generator=generator).to(accelerator.device)
     targets = inputs.sum(dim=1, keepdim=True)
     loss = torch.nn.functional.mse_loss(model(inputs), targets)
     accelerator.backward(loss)
@@ -36,7 +36,7 @@ for step in range(3):
         print(f"process {index} fails on purpose", flush=True)
         os._exit(int(os.environ.get("EXIT_CODE", "3")))
 checksum = float(sum(p.detach().double().sum() for p in accelerator.unwrap_model(model).parameters()))
-seen = accelerator.reduce(torch.tensor([float(index + 1)]), "sum")
+seen = accelerator.reduce(torch.tensor([float(index + 1)], device=accelerator.device), "sum")
 report = {
     "index": index, "local": accelerator.local_process_index, "world": accelerator.num_processes,
     "type": str(accelerator.distributed_type), "mixedPrecision": accelerator.mixed_precision,

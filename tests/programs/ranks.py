@@ -1,6 +1,8 @@
 """A rank that does what the test asks, through environment variables:
 
-BEHAVIOUR  ok (default) | exit:<code> | kill:<SIGNAL> | ignore-term | nccl-error | sleep | usr1
+BEHAVIOUR  ok (default) | exit:<code> | kill:<SIGNAL> | ignore-term | nccl-error | sleep | usr1 |
+           replay-abort (print the file ABORT_TEXT names to stderr, then abort: a native abort's
+           output captured on a GPU machine, replayed here)
 FAIL_RANK  the global rank that misbehaves (others wait in a barrier or sleep)
 OTHERS     sleep (default): the other ranks sleep | finish: they end at once, without a barrier
            (they destroy their process group first: a gloo rank that exits holding one may abort
@@ -72,6 +74,11 @@ elif behaviour == "ignore-term":
 elif behaviour == "nccl-error":
     print("[E ProcessGroupNCCL.cpp:1234] [Rank 1] Watchdog caught collective operation timeout: "
           "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.", file=sys.stderr, flush=True)
+    os.abort()
+elif behaviour == "replay-abort":
+    with open(os.environ["ABORT_TEXT"]) as capture:
+        sys.stderr.write(capture.read())
+    sys.stderr.flush()
     os.abort()
 dist.barrier()
 dist.destroy_process_group()
