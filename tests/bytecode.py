@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import compileall
 import os
+import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# What no process of the suite imports, left as source: the packages' own test suites, the
+# transformers model zoo (thousands of modules, none loaded by Accelerate, DeepSpeed or torchtune)
+# and pip. A quarter of .venv's files: 8 s of the step's 30.
+NEVER_IMPORTED = re.compile(r"/(?:tests?|testing/_internal)/|/site-packages/(?:transformers/models|pip)/")
 
 
 def pytest_sessionstart(session) -> None:
@@ -29,7 +34,7 @@ def pytest_sessionstart(session) -> None:
 
 def main(directories: list[str]) -> int:
     for directory in directories:
-        compileall.compile_dir(directory, quiet=2, workers=0)
+        compileall.compile_dir(directory, quiet=2, workers=0, rx=NEVER_IMPORTED)
     return 0
 
 
