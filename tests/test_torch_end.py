@@ -204,6 +204,11 @@ def test_torchruns_store_is_kept_after_each_rendezvous(monkeypatch):
     agent = SimpleNamespace()
     SimpleElasticAgent._rendezvous(agent, "group")
     assert kept == [("store of", "group")]
+    # An agent that keeps no store still says it is through: the peers' watcher waits for that.
+    monkeypatch.setattr(SimpleElasticAgent, "_rendezvous", lambda self, group: None)
+    assert compat.keep_rendezvous_store(kept.append)
+    SimpleElasticAgent._rendezvous(SimpleNamespace(), "group")
+    assert kept == [("store of", "group"), None]
 
 
 def test_without_a_rendezvous_to_wrap_keeping_the_store_is_off_said_once(monkeypatch, capfd):

@@ -163,9 +163,36 @@ def test_a_rank_exiting_with_a_code_keeps_it_when_its_node_mates_echo_connection
     agent = SimpleNamespace(returncode=3, tail=[], evidence=echo)
     failures = [{"rank": 3, "localRank": 1, "exitCode": 3, "signal": None, "message": None},
                 {"rank": 2, "localRank": 0, "exitCode": 1, "signal": None, "message": None}]
-    outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1")
+    outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1",
+                            one_node=False)
     assert (outcome.exit_code, outcome.reason) == (3, "Failed")
     # A first rank whose own message shows the fault keeps the node-fault verdict.
     failures[0] = {**failures[0], "exitCode": 1, "message": f"RuntimeError: {echo}"}
-    outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1")
+    outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1",
+                            one_node=False)
     assert (outcome.exit_code, outcome.reason) == (138, "NodeFault")
+
+
+def test_a_node_that_saw_the_echo_first_does_not_become_the_root_cause():
+    """Caught in CI (test_status_e2e, 2 nodes x 1 rank): rank 1 on node 1 exits 3 mid-collective;
+    rank 0 on node 0 dies of gloo's "Connection closed by peer", and node 0's torchrun noticed 9 ms
+    before node 1's. Node 0's own first rank lost a peer: it keeps that evidence, and the job's
+    root cause is node 1's exit 3 on both nodes, not node 0's exit 1. (In-process records.)"""
+    from types import SimpleNamespace
+
+    from launcher.core.outcome import evidence_regex
+    from launcher.torch.job import torch_outcome
+
+    supervisor = SimpleNamespace(first_failure=None, received_signal=None, evidence=evidence_regex())
+    own_echo = "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:21410."
+    node0 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence=own_echo),
+                          {"failures": [{"rank": 0, "localRank": 0, "exitCode": 1, "signal": None, "message": None}],
+                           "rootRank": 0}, frozenset({138}), "tj-node-0-0", one_node=False)
+    node1 = torch_outcome(supervisor, SimpleNamespace(returncode=3, tail=[], evidence=None),
+                          {"failures": [{"rank": 1, "localRank": 0, "exitCode": 3, "signal": None, "message": None}],
+                           "rootRank": 1}, frozenset({138}), "tj-node-0-1", one_node=False)
+    nodes = [NodeOutcome(0, "tj-node-0-0", node0, failed_at=100.000), NodeOutcome(1, "tj-node-0-1", node1, failed_at=100.009)]
+    assert root_cause(nodes).node == "tj-node-0-1"
+    for rank, outcome in ((0, node0), (1, node1)):
+        final = job_outcome(outcome, rank, f"tj-node-0-{rank}", nodes)
+        assert (final.exit_code, final.root_cause.rank) == (3, 1), final

@@ -255,8 +255,15 @@ def _run(agent: Agent) -> int:
         peers = agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop, _dump_local_stacks)
         compat.publish_final_failures(lambda failures: peers.publish_stop(_stop_record(failures)))
         # On the node serving the job's store, the server lives as long as torchrun's store
-        # object: held here, until the other nodes are done with it (Peers.conclude).
-        compat.keep_rendezvous_store(agent.stores.append)
+        # object: held here, until the other nodes are done with it (Peers.conclude). The
+        # watcher dials its own client once the agent has joined (Peers.joined).
+        def joined(store) -> None:
+            if store is not None:
+                agent.stores.append(store)
+            peers.joined()
+
+        if not compat.keep_rendezvous_store(joined):
+            peers.joined()
         peers.start()
     if plan.get("entry"):  # torch.distributed.launch: torchrun's run under its own main
         import importlib

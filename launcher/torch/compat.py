@@ -199,8 +199,8 @@ def terminate_once() -> bool:
 
 
 def keep_rendezvous_store(keep) -> bool:
-    """Call ``keep(store)`` with the store of each rendezvous torchrun's agent joins, so the caller
-    can hold it. On the node serving it, torchrun's TCPStore object owns the server: the server
+    """Call ``keep(store)`` after each rendezvous torchrun's agent joins, with its store (None
+    where the agent keeps none), so the caller can hold it. On the node serving it, torchrun's TCPStore object owns the server: the server
     closes the moment that object is freed, which is when ``torchrun.main`` returns on a good run,
     while the other nodes may still be in the exit barrier or reading the job's outcomes
     (launcher.torch.peers). Held, it lives until the agent exits."""
@@ -217,9 +217,7 @@ def keep_rendezvous_store(keep) -> bool:
 
     def rendezvous_kept(self, *args, **kwargs):
         result = rendezvous(self, *args, **kwargs)
-        store = getattr(self, "_store", None)
-        if store is not None:
-            keep(store)
+        keep(getattr(self, "_store", None))
         return result
 
     SimpleElasticAgent._rendezvous = rendezvous_kept

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -139,7 +140,7 @@ class TorchPod(lifecycle.Pod):
         if life.watch is not None and life.watch.hang is not None:
             return life.watch.hang
         return torch_outcome(life.supervisor, self.agent, _read_json(life.path("report.json"), {}),
-                             life.launcher.retryable_exit_codes, life.node)
+                             life.launcher.retryable_exit_codes, life.node, life.plan.nnodes == "1")
 
     def judge(self, life: lifecycle.Life) -> Outcome:
         return self.verdict or self._own(life)
@@ -208,9 +209,21 @@ def _node_outcome(summary: dict) -> NodeOutcome:
                        summary.get("failedAt"))
 
 
-def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str) -> Outcome:
+# torch's prefix on what a rank prints of its exception: "[rank3]: RuntimeError: ..."
+_RANK_PREFIX = re.compile(r"\[rank(\d+)\]:")
+
+
+def _said_by_another_rank(line: str, rank: int) -> bool:
+    """Whether ``line`` is another rank's words than ``rank``'s (torch's [rankN]: prefix says)."""
+    said = _RANK_PREFIX.search(line)
+    return said is not None and int(said[1]) != rank
+
+
+def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str,
+                  one_node: bool = True) -> Outcome:
     """Turn what the agent reported into a row of the exit-code table (``codes``: the retryable set).
-    The agent may still be alive (it waits for this verdict): its report says how it will exit."""
+    The agent may still be alive (it waits for this verdict): its report says how it will exit.
+    ``one_node``: every rank of the job is on this node."""
     returncode = agent.returncode if agent.returncode is not None else report.get("exitCode")
     if "stoppedBy" in report:
         if "lost" in report["stoppedBy"] and report.get("succeeded"):
@@ -233,12 +246,14 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
                           exit_code=root["exitCode"], signal=root["signal"])
         evidence = agent.evidence
         if evidence and root["signal"] is None and PEER_LOSS_PATTERN.search(evidence) \
-                and not (supervisor.evidence and supervisor.evidence.search(root.get("message") or "")):
+                and not (supervisor.evidence and supervisor.evidence.search(root.get("message") or "")) \
+                and (one_node or _said_by_another_rank(evidence, root["rank"])):
             # torchrun's first failure here exited on its own, and its own message shows no fault:
             # the other ranks' "connection closed by peer" is its echo, not a network fault (a
-            # rank exiting 3 while the rest wait in a gloo collective). With several nodes, a node
-            # whose first rank died of a peer on another node then says "exited with code 1",
-            # and the job's root cause is the node that failed first (launcher.core.job_outcome).
+            # rank exiting 3 while the rest wait in a gloo collective). On a node of several,
+            # only when another rank said it: a first failure that lost a peer itself keeps that
+            # evidence, so the job's root cause is the node whose rank failed on its own
+            # (launcher.core.job_outcome), even if this node saw its echo a moment sooner.
             evidence = None
         outcome = classify(_returncode(root), retryable_codes=codes, evidence=evidence, root_cause=cause,
                            what=f"rank {root['rank']} (local rank {root['localRank']}) on {node}")

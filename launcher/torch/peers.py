@@ -106,6 +106,7 @@ class Peers:
         self._finished = threading.Event()
         self._watcher_idle = threading.Event()  # the watcher will not touch the store again
         self._watcher_idle.set()
+        self._joined = threading.Event()  # torchrun's agent has its rendezvous store (joined())
         self._store = None  # the main thread's connection (publishing, leaving)
 
     # --- connections -------------------------------------------------------------------------
@@ -132,6 +133,13 @@ class Peers:
 
     # --- watching ------------------------------------------------------------------------------
 
+    def joined(self) -> None:
+        """torchrun's agent is through its rendezvous and holds its store: the watcher may dial
+        a client of its own. Not before: a second TCPStore built while the agent's own still sits
+        in its constructor (waiting for every node to join) crashed the agent with SIGSEGV in
+        the watcher's constructor (seen once in CI, torch 2.13.0)."""
+        self._joined.set()
+
     def start(self) -> None:
         self._watcher_idle.clear()
         threading.Thread(target=self._watch, name="trainer-launcher-peers", daemon=True).start()
@@ -143,6 +151,9 @@ class Peers:
             self._watcher_idle.set()
 
     def _watch_store(self) -> None:
+        while not self._joined.wait(POLL):
+            if self._finished.is_set():
+                return
         store = self._connect(None, self._finished)
         if store is None:
             return
