@@ -28,12 +28,12 @@ from launcher import __version__
 from launcher.core import failure_policy, settings
 from launcher.core.outcome import PEER_LOSS_PATTERN, Outcome, RootCause, classify
 from launcher.core.settings import LauncherSettings, Override
+from launcher.core.supervisor import Child
 from launcher.mpi.detect import MpiImpl, find_libmpi
 from launcher.mpi.hostfile import Host
 from launcher.mpi.job import root_cause, with_reported_error
 from launcher.mpi.plan import MLX_LIBMPI_ENV, MpiFacts, plan_mpi
 from launcher.mpi.reports import RankFailure
-from launcher.core.supervisor import Child
 from launcher.mpi.settings import MpiSettings
 
 RUNTIMES = REPO / "runtimes"

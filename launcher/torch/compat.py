@@ -200,10 +200,11 @@ def terminate_once() -> bool:
 
 def keep_rendezvous_store(keep) -> bool:
     """Call ``keep(store)`` after each rendezvous torchrun's agent joins, with its store (None
-    where the agent keeps none), so the caller can hold it. On the node serving it, torchrun's TCPStore object owns the server: the server
-    closes the moment that object is freed, which is when ``torchrun.main`` returns on a good run,
-    while the other nodes may still be in the exit barrier or reading the job's outcomes
-    (launcher.torch.peers). Held, it lives until the agent exits."""
+    where the agent keeps none), so the caller can hold it. On the node serving it, torchrun's
+    TCPStore object owns the server: the server closes the moment that object is freed, which is
+    when ``torchrun.main`` returns on a good run, while the other nodes may still be in the exit
+    barrier or reading the job's outcomes (launcher.torch.peers). Held, it lives until the agent
+    exits."""
     try:
         from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     except ImportError as error:
