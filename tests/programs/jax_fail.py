@@ -2,13 +2,18 @@
 FAIL_HOW says, while the others block in the next collective: ``exit`` (sys.exit(FAIL_CODE)),
 ``raise`` (an exception) or ``kill`` (SIGKILL itself, no word to anyone)."""
 
+import gc
 import os
 import signal
 import sys
 
+gc.disable()  # the collector paused over the imports (README.md: CI time)
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
+
+gc.freeze()
+gc.enable()
 
 jax.distributed.initialize()
 multihost_utils.process_allgather(jnp.array(jax.process_index()))

@@ -1,12 +1,17 @@
 """JAX processes in step, until one stops joining the collective the others wait in: HANG_AT.
 Every process prints its progress, so each pod's launcher sees its own process stop."""
 
+import gc
 import os
 import time
 
+gc.disable()  # the collector paused over the imports (README.md: CI time)
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
+
+gc.freeze()
+gc.enable()
 
 
 def stuck_forever() -> None:

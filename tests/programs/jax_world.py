@@ -2,9 +2,11 @@
 lets a program write it), then two cross-process collectives over every process; prints what they
 summed. ``--explicit`` calls initialize the upstream way instead, with the three JAX_* values."""
 
+import gc
 import os
 import sys
 
+gc.disable()  # the collector paused over the imports (README.md: CI time)
 import jax
 
 if "--explicit" in sys.argv:
@@ -16,6 +18,9 @@ else:
 
 import jax.numpy as jnp  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
+
+gc.freeze()
+gc.enable()
 
 ids = multihost_utils.process_allgather(jnp.array(jax.process_index() + 1))
 ones = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")(jnp.ones(jax.local_device_count()))

@@ -11,13 +11,18 @@ and a tqdm-like N/M bar; STYLE=katib: `name=value` lines). Environment knobs:
   UNTIL               the job ends after the step during which this file appeared (before STEPS)
 """
 
+import gc
 import json
 import os
 import sys
 import time
 
+gc.disable()  # the collector paused over the imports (README.md: CI time)
 import torch
 import torch.distributed as dist
+
+gc.freeze()
+gc.enable()
 
 
 def stuck_forever() -> None:

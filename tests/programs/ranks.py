@@ -11,14 +11,19 @@ REPORT_DIR each rank writes <rank>.json with what torchrun gave it and the all-r
            the misbehaving rank writes <rank>.died (epoch seconds) just before it exits or dies
 """
 
+import gc
 import json
 import os
 import signal
 import sys
 import time
 
+gc.disable()  # the collector paused over the imports (README.md: CI time)
 import torch
 import torch.distributed as dist
+
+gc.freeze()
+gc.enable()
 
 rank = int(os.environ["RANK"])
 behaviour = os.environ.get("BEHAVIOUR", "ok")
