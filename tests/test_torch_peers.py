@@ -196,3 +196,33 @@ def test_a_node_that_saw_the_echo_first_does_not_become_the_root_cause():
     for rank, outcome in ((0, node0), (1, node1)):
         final = job_outcome(outcome, rank, f"tj-node-0-{rank}", nodes)
         assert (final.exit_code, final.root_cause.rank) == (3, 1), final
+
+
+def test_a_node_whose_rank_failed_on_its_own_is_not_a_victim_for_losing_the_race_to_publish():
+    """Caught in CI (the same test, stop 33): node 0 published its echo's stop record 18 ms before
+    node 1 published its own rank's exit 3, so node 1's agent reported both its failure and the
+    record it lost to. Its own failure stands, and the job's root cause is rank 1's exit 3 on both
+    nodes; a node whose ranks failed as it stopped them for a peer is still that peer's victim."""
+    from types import SimpleNamespace
+
+    from launcher.core.outcome import evidence_regex
+    from launcher.torch.job import torch_outcome
+
+    supervisor = SimpleNamespace(first_failure=None, received_signal=None, evidence=evidence_regex())
+    echo = {"rank": 0, "localRank": 0, "exitCode": 1, "signal": None, "nodeRank": 0, "node": "tj-node-0-0"}
+    node0 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence="[rank0]: Connection closed by peer"),
+                          {"failures": [{**echo, "message": None}], "rootRank": 0}, frozenset({138}), "tj-node-0-0",
+                          one_node=False)
+    report = {"failures": [{"rank": 1, "localRank": 0, "exitCode": 3, "signal": None, "message": None}],
+              "rootRank": 1, "stoppedBy": echo, "exitCode": 1}
+    node1 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence=None), report, frozenset({138}),
+                          "tj-node-0-1", one_node=False)
+    assert (node1.reason, node1.exit_code) == ("Failed", 3)
+    nodes = [NodeOutcome(0, "tj-node-0-0", node0, failed_at=100.000), NodeOutcome(1, "tj-node-0-1", node1, failed_at=100.018)]
+    for rank, outcome in ((0, node0), (1, node1)):
+        final = job_outcome(outcome, rank, f"tj-node-0-{rank}", nodes)
+        assert (final.exit_code, final.root_cause.rank) == (3, 1), final
+    stopped = {**report, "failures": [{**report["failures"][0], "exitCode": None, "signal": "SIGTERM"}], "stopping": True}
+    victim = torch_outcome(supervisor, SimpleNamespace(returncode=143, tail=[], evidence=None), stopped,
+                           frozenset({138}), "tj-node-0-1", one_node=False)
+    assert victim.reason == "PeerFailed" and victim.root_cause.node == "tj-node-0-0"

@@ -141,7 +141,11 @@ class Agent:
         except ChildFailedError as error:
             if self.peers is not None:
                 self.peers.publish_stop(_stop_record(error.failures))  # a no-op if the hook did it
-            self.finish({**_failure_record(error.failures), **self._stopped_by(), "exitCode": 1})
+            # Ranks that failed on their own stay this node's failure, though another node published
+            # first (the job's root cause is settled between the nodes: launcher.core.job_outcome);
+            # ranks that failed as we stopped them for a peer are that peer's victims.
+            stopping = {"stopping": True} if self._stopping else {}
+            self.finish({**_failure_record(error.failures), **self._stopped_by(), **stopping, "exitCode": 1})
         except SignalException as error:
             code = 128 + error.sigval
             if self._stopping:

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from launcher import status
+from launcher.export.step import Export
 from launcher.core import lifecycle
 from launcher.core.outcome import (
     PEER_LOSS_PATTERN, Outcome, Reasons, RootCause, aborted_on, classify, internal_error, last_lines, success, terminated,
@@ -70,7 +71,7 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
 
 def run_pod(launcher_overrides: dict[str, Override], pod: TorchPod) -> int:
     """A torch pod's life (TorchPod, or a subclass for another launch shape)."""
-    return lifecycle.live(pod, launcher_overrides, status.start_watch)
+    return lifecycle.live(pod, launcher_overrides, status.start_watch, Export())
 
 
 class TorchPod(lifecycle.Pod):
@@ -225,7 +226,7 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
     The agent may still be alive (it waits for this verdict): its report says how it will exit.
     ``one_node``: every rank of the job is on this node."""
     returncode = agent.returncode if agent.returncode is not None else report.get("exitCode")
-    if "stoppedBy" in report:
+    if "stoppedBy" in report and ("failures" not in report or report.get("stopping")):
         if "lost" in report["stoppedBy"] and report.get("succeeded"):
             # Our ranks had all finished (torchrun sat in its exit barrier) when the store's node
             # left: the end of a good run seen a moment early, not a lost peer. Had that node
