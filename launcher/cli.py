@@ -14,6 +14,7 @@ from types import ModuleType
 
 from launcher import __version__
 from launcher.core.knobs import KNOBS, Knob, given
+from launcher.export.knobs import EXPORT_KNOBS
 from launcher.frameworks import DEFAULT, FRAMEWORKS, plugged_in
 from launcher.initializers.knobs import INIT_KNOBS
 from launcher.smoke.knobs import NODE_KNOBS
@@ -62,6 +63,10 @@ def _add_knobs(parser: argparse.ArgumentParser) -> None:
     _add_table(parser, "launcher options (each also a LAUNCHER_* variable; flags win)", KNOBS)
 
 
+def _add_export_knobs(parser: argparse.ArgumentParser) -> None:
+    _add_table(parser, "export after the job (each also a variable; flags win)", EXPORT_KNOBS)
+
+
 def _add_framework_knobs(parser: argparse.ArgumentParser, command: ModuleType) -> None:
     if command.KNOBS:
         _add_table(parser, f"{command.NAME} options (each also a LAUNCHER_* variable; flags win)", command.KNOBS,
@@ -78,6 +83,7 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
         sub = commands.add_parser(command.NAME, help=command.HELP, usage=command.USAGE)
         command.add_options(sub)
         _add_knobs(sub)
+        _add_export_knobs(sub)
         _add_framework_knobs(sub, command)
 
     planned = [name for name, command in commands_by_name.items() if hasattr(command, "plan")]
@@ -86,10 +92,12 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
                                      "[-- [FRAMEWORK FLAGS] [PROGRAM ...]]")
     plan.add_argument("--framework", choices=planned, default=DEFAULT)
     _add_knobs(plan)
+    _add_export_knobs(plan)
 
     run = commands.add_parser("exec", help="run any command with the same supervision and exit codes",
                               usage="trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
     _add_knobs(run)
+    _add_export_knobs(run)
 
     emulated = [name for name, command in commands_by_name.items() if hasattr(command, "local")]
     local = commands.add_parser("local", help="emulate an N-node TrainJob on this machine",
@@ -106,6 +114,7 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
         if hasattr(command, "add_local_options"):
             command.add_local_options(local)
     _add_knobs(local)
+    _add_export_knobs(local)
 
     for command in commands_by_name.values():  # plan and local take every framework's options
         _add_framework_knobs(plan, command)
@@ -198,7 +207,7 @@ def _dispatch(argv: list[str]) -> int:
     parser = _parser(commands)
     head, rest = _split(argv, _switches(parser))
     args = parser.parse_args(head)
-    overrides = given(args, KNOBS)
+    overrides = {**given(args, KNOBS), **given(args, EXPORT_KNOBS)}
     if args.command in commands:
         return commands[args.command].run(args, overrides, rest)
     if args.command == "plan":
@@ -210,8 +219,9 @@ def _dispatch(argv: list[str]) -> int:
         return commands[framework].local(args, overrides, rest)
     if args.command == "exec":
         from launcher.core.exec_job import run_exec
+        from launcher.export.step import Export
 
-        return run_exec(overrides, rest)
+        return run_exec(overrides, rest, Export())
     if args.command == "smoke":
         from launcher.smoke.job import run_smoke
 

@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # Read by the launcher or the frameworks' settings: none may leak in from the caller.
 FOREIGN = ("PET_", "LAUNCHER_", "TORCHELASTIC_", "JAX_", "DMLC_", "OMPI_", "PRTE_", "PMIX_", "I_MPI_", "HYDRA_",
-           "TRAINER_LAUNCHER_", "KUBEFLOW_TRAINER_")
+           "TRAINER_LAUNCHER_", "KUBEFLOW_TRAINER_", "EXPORT_")
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without anything Trainer or the launcher would read."""
     env = {
         k: v for k, v in os.environ.items()
-        if not k.startswith(("PET_", "LAUNCHER_", "TORCHELASTIC_")) and k not in ("JOB_COMPLETION_INDEX", "OMP_NUM_THREADS")
+        if not k.startswith(("PET_", "LAUNCHER_", "TORCHELASTIC_", "EXPORT_")) and k not in ("JOB_COMPLETION_INDEX", "OMP_NUM_THREADS")
     }
     env["PYTHONPATH"] = str(REPO)
     env.update(extra)

@@ -1,14 +1,17 @@
 """Real local storage servers for the initializer tests, all bound to 127.0.0.1.
 
 - ``s3_server`` / ``s3_server_auth``: moto_server subprocesses (the second enforces IAM auth).
-- ``hub_server``: a Hugging Face Hub look-alike good enough for huggingface_hub 2.4.
+- ``hub_server``: a Hugging Face Hub look-alike good enough for huggingface_hub 2.4: downloads, and uploads
+  over HTTP/LFS with Xet off (create_repo, upload_folder, create_commit).
 - ``fault_proxy``: a factory for reverse proxies that inject faults (fail, drop, truncate, ...).
 """
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -65,6 +68,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD" and body:
             self.wfile.write(body)
+
+    def read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while (size := int(self.rfile.readline().split(b";")[0], 16)) > 0:
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            return body
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
 
 # --------------------------------------------------------------------------------------- S3 (moto)
@@ -222,23 +236,41 @@ class HubRepo:
     gated = private = redirect_lfs = False
     head: str = ""  # sha of the commit "main" resolves to
     commits: dict[str, dict[str, HubFile]] = field(default_factory=dict)  # sha -> {path: file}
+    lfs_oids: set[str] = field(default_factory=set)  # sha256s in this repo's LFS store (the Hub's is per repo)
+
+
+@dataclass
+class HubCommit:
+    """One commit made through the API (``POST .../commit/main``), as ``HubServer.commits_made`` records it."""
+    repo_type: str
+    repo_id: str
+    revision: str
+    oid: str  # the new head
+    parent: str
+    summary: str
+    added: list[str]  # paths written (regular or LFS), in request order
+    deleted: list[str]  # file paths removed (a deleted folder: each file under it)
 
 
 _TYPES = {"models": "model", "datasets": "dataset"}
+_PREFIX = {"model": "", "dataset": "datasets/"}  # URL prefix of a repo type
 _REPO = r"(?P<repo>[^/]+(?:/[^/]+)?)"
 _TREE = re.compile(rf"^/api/(?P<t>models|datasets)/{_REPO}/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?$")
 _INFO = re.compile(rf"^/api/(?P<t>models|datasets)/{_REPO}(?:/revision/(?P<rev>[^/]+))?$")
 _RESOLVE = re.compile(rf"^/(?:(?P<t>datasets)/)?{_REPO}/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 _CDN = re.compile(r"^/_cdn/(?P<sha>[0-9a-f]{64})$")
+_PREUPLOAD = re.compile(rf"^/api/(?P<t>models|datasets)/{_REPO}/preupload/(?P<rev>[^/]+)$")
+_COMMIT = re.compile(rf"^/api/(?P<t>models|datasets)/{_REPO}/commit/(?P<rev>[^/]+)$")
+_LFS = re.compile(rf"^/(?:(?P<t>datasets)/)?{_REPO}\.git/info/lfs/objects/(?P<op>batch|verify)$")
+_UPLOAD = re.compile(rf"^/_lfs/(?P<t>models|datasets)/{_REPO}/(?P<oid>[0-9a-f]{{64}})$")  # a "presigned" PUT
+LFS_JSON = "application/vnd.git-lfs+json"
 
 
 class _HubHandler(_Handler):
     def do_GET(self):
         hub: HubServer = self.server.owner
         url = urlsplit(self.path)
-        hub.requests.append((self.command, self.path, self.headers.get("Range")))
-        hub.log.append({"method": self.command, "path": self.path, "cdn": self.server.cdn,
-                        "headers": self.headers})  # an http.client.HTTPMessage: names case-insensitive
+        self.note(hub)
         if self.server.cdn:
             match = _CDN.match(url.path)
             blob = match and hub.blobs.get(match["sha"])
@@ -256,11 +288,172 @@ class _HubHandler(_Handler):
 
     do_HEAD = do_GET
 
-    def error(self, status: int, code: str | None, message: str, **headers) -> None:
+    def do_POST(self):
+        hub: HubServer = self.server.owner
+        body = self.read_body()  # always, so that the connection stays usable after an early answer
+        url = urlsplit(self.path)
+        self.note(hub)
+        if self.server.cdn:
+            return self.error(405, None, "the CDN is read-only")
+        status = hub._injected(url.path)
+        if status:
+            return self.error(status, None, f"injected {status}")
+        try:
+            if self.command == "PUT":
+                match = _UPLOAD.match(url.path)
+                return self.upload(match, parse_qs(url.query), body) if match else self.error(404, None, "no route")
+            if self.headers.get("Authorization") != f"Bearer {hub.token}":  # writes always need the token
+                given = self.headers.get("Authorization") is not None
+                return self.error(401, None, "Invalid credentials in Authorization header" if given
+                                  else "You must be authenticated to write to the Hub")
+            if url.path == "/api/repos/create":
+                return self.create_repo(json.loads(body))
+            for regex, route in ((_PREUPLOAD, self.preupload), (_COMMIT, self.commit), (_LFS, self.lfs)):
+                match = regex.match(url.path)
+                if match:
+                    repo = hub.repos.get((_TYPES[match["t"] or "models"], unquote(match["repo"])))
+                    if repo is None:
+                        return self.error(404, "RepoNotFound", f"Repository Not Found for {unquote(match['repo'])}")
+                    return route(repo, match, parse_qs(url.query), body)
+            self.error(404, None, f"no route for {self.command} {url.path}")
+        except (KeyError, TypeError, ValueError, AttributeError) as err:  # a malformed body: say so, do not hang up
+            self.error(400, None, f"Bad request: {err!r}")
+
+    do_PUT = do_POST
+
+    def note(self, hub: HubServer) -> None:
+        hub.requests.append((self.command, self.path, self.headers.get("Range")))
+        hub.log.append({"method": self.command, "path": self.path, "cdn": self.server.cdn,
+                        "headers": self.headers})  # an http.client.HTTPMessage: names case-insensitive
+
+    def error(self, status: int, code: str | None, message: str, extra: dict | None = None, **headers) -> None:
         headers = {"Content-Type": "application/json", "X-Error-Message": message, **headers}
         if code:
             headers["X-Error-Code"] = code
-        self.send(status, headers, json.dumps({"error": message}).encode())
+        self.send(status, headers, json.dumps({"error": message, **(extra or {})}).encode())
+
+    def send_json(self, status: int, body, content_type: str = "application/json") -> None:
+        self.send(status, {"Content-Type": content_type}, json.dumps(body).encode())
+
+    def base(self) -> str:
+        return f"http://{self.headers['Host']}"  # the address the client used (a proxy keeps Host)
+
+    # ---- writes (huggingface_hub's create_repo / create_commit / upload_folder, HTTP LFS path, Xet off)
+    def create_repo(self, payload: dict) -> None:
+        hub: HubServer = self.server.owner
+        repo_type = payload.get("type") or "model"
+        if repo_type not in _PREFIX:
+            return self.error(400, None, f"Invalid repo type: {repo_type} (this stand-in has models and datasets)")
+        repo_id = f"{payload.get('organization') or hub.user}/{payload['name']}"
+        url = f"{self.base()}/{_PREFIX[repo_type]}{repo_id}"
+        with hub._lock:
+            if (repo_type, repo_id) in hub.repos:  # create_repo(exist_ok=True) accepts a 409; it reads "url"
+                return self.error(409, None, f"You already created this {repo_type} repo", {"url": url})
+            private = payload.get("visibility") == "private" or payload.get("private") is True
+            hub.add_repo(repo_id, {}, repo_type, private=private)  # an empty first commit: later ones have a parent
+        self.send_json(200, {"url": url, "name": repo_id, "id": hashlib.sha1(url.encode()).hexdigest()[:24]})
+
+    def preupload(self, repo: HubRepo, match, query, body: bytes) -> None:
+        found = self.lookup(repo.repo_type, repo.repo_id, unquote(match["rev"]), self.headers["Authorization"])
+        if found:
+            threshold, files = self.server.owner.lfs_threshold, found[2]
+            answer = []
+            for f in json.loads(body)["files"]:
+                entry = {"path": f["path"], "uploadMode": "lfs" if f["size"] >= threshold else "regular",
+                         "shouldIgnore": False}
+                if f["path"] in files:  # lets the client drop unchanged files (sha256 for LFS, git sha1 otherwise)
+                    entry["oid"] = files[f["path"]].sha256 or files[f["path"]].oid
+                answer.append(entry)
+            self.send_json(200, {"files": answer, "commitOid": found[1]})
+
+    def lfs(self, repo: HubRepo, match, query, body: bytes) -> None:
+        hub: HubServer = self.server.owner
+        payload = json.loads(body)
+        if match["op"] == "verify":
+            blob = hub.blobs.get(payload["oid"]) if payload["oid"] in repo.lfs_oids else None
+            if blob is None or blob.size != payload["size"]:
+                return self.error(404, None, f"Object {payload['oid']} not found")
+            return self.send_json(200, {"success": True}, LFS_JSON)
+        if payload.get("operation") != "upload" or "basic" not in payload.get("transfers", ["basic"]):
+            return self.error(400, None, "this stand-in only does basic LFS uploads")
+        objects = []
+        for obj in payload["objects"]:
+            entry = {"oid": obj["oid"], "size": obj["size"], "authenticated": True}
+            if not re.fullmatch(r"[0-9a-f]{64}", obj["oid"]):
+                entry["error"] = {"code": 422, "message": "Invalid oid"}
+            elif obj["oid"] not in repo.lfs_oids:  # stored already: no actions, the client sends nothing
+                lfs_url = f"{self.base()}/{_PREFIX[repo.repo_type]}{repo.repo_id}.git/info/lfs/objects"
+                entry["actions"] = {"upload": {"href": self.upload_url(repo, obj["oid"]), "expires_in": 3600},
+                                    "verify": {"href": f"{lfs_url}/verify"}}
+            objects.append(entry)
+        self.send_json(200, {"transfer": "basic", "objects": objects}, LFS_JSON)
+
+    def upload_url(self, repo: HubRepo, oid: str) -> str:
+        path = f"/_lfs/{repo.repo_type}s/{repo.repo_id}/{oid}"
+        return f"{self.base()}{path}?{urlencode({'sig': self.server.owner._sign(path)})}"
+
+    def upload(self, match, query, body: bytes) -> None:
+        """The storage behind a batch "upload" href: no Authorization (huggingface_hub sends none), a signature."""
+        hub: HubServer = self.server.owner
+        path = urlsplit(self.path).path
+        if not hmac.compare_digest(query.get("sig", [""])[0], hub._sign(path)):
+            return self.error(403, "SignatureDoesNotMatch", "The request signature does not match")
+        if hashlib.sha256(body).hexdigest() != match["oid"]:
+            return self.error(400, "BadDigest", "The content's sha256 does not match the oid it was sent to")
+        repo = hub.repos.get((_TYPES[match["t"]], unquote(match["repo"])))
+        if repo is None:
+            return self.error(404, "NoSuchBucket", "No such repo")
+        with hub._lock:
+            hub.blobs.setdefault(match["oid"], HubFile(body, True))
+            repo.lfs_oids.add(match["oid"])
+        self.send(200, {"ETag": f'"{hashlib.md5(body).hexdigest()}"'})
+
+    def commit(self, repo: HubRepo, match, query, body: bytes) -> None:
+        hub: HubServer = self.server.owner
+        revision = unquote(match["rev"])
+        lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+        if not lines or lines[0]["key"] != "header":
+            return self.error(400, None, "The first line must be the commit header")
+        if revision != "main":  # only main is modelled; the Hub refuses a commit to a non-branch revision too
+            return self.error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        if query.get("create_pr"):
+            return self.error(400, None, "create_pr is not supported by this stand-in")
+        header = lines[0]["value"]
+        with hub._lock:  # check-and-commit is atomic: concurrent writers see 412 as on the Hub
+            parent = repo.head
+            wanted = (header.get("parentCommit") or "").lower()
+            if wanted and not parent.startswith(wanted):
+                return self.error(412, None, "A commit has happened since. Please refresh and try again.")
+            files, added, deleted = dict(repo.commits[parent]), [], []
+            for op in lines[1:]:
+                key, value = op["key"], op["value"]
+                path = value["path"].strip("/")
+                if key == "file":
+                    content = value["content"]
+                    data = base64.b64decode(content) if value.get("encoding") == "base64" else content.encode()
+                    files[path] = HubFile(data, False)
+                elif key == "lfsFile":
+                    blob = hub.blobs.get(value["oid"]) if value["oid"] in repo.lfs_oids else None
+                    if blob is None or value.get("size", blob.size) != blob.size:  # the Hub rejects a dangling pointer
+                        return self.error(400, None, "Your push was rejected because an LFS pointer pointed to a "
+                                          f"file that does not exist. Offending file: {path}")
+                    files[path] = blob
+                elif key in ("deletedFile", "deletedFolder"):
+                    gone = [p for p in files if (p == path if key == "deletedFile" else p.startswith(f"{path}/"))]
+                    if not gone:
+                        return self.error(404, "EntryNotFound", f"A file with this name doesn't exist: {path}")
+                    for p in gone:
+                        del files[p]
+                    deleted += gone
+                    continue
+                else:
+                    return self.error(400, None, f"Unknown commit operation: {key}")
+                added.append(path)
+            sha = hub._new_commit(repo, files)
+            hub.commits_made.append(HubCommit(repo.repo_type, repo.repo_id, revision, sha, parent,
+                                              header.get("summary", ""), added, deleted))
+        url = f"{self.base()}/{_PREFIX[repo.repo_type]}{repo.repo_id}/commit/{sha}"
+        self.send_json(200, {"success": True, "commitOid": sha, "commitUrl": url, "hookOutput": ""})
 
     def lookup(self, repo_type: str, repo_id: str, rev: str, auth):
         repo = self.server.owner.repos.get((repo_type, repo_id))
@@ -339,15 +532,28 @@ class HubServer:
     ``requests``: (method, raw path with query, Range header or None) per request, CDN ones included.
     ``log``: dicts {method, path, cdn: bool, headers} for the same requests; ``headers`` is the request's
     http.client.HTTPMessage, so ``"Authorization" in entry["headers"]`` ignores case (httpx sends lower case).
+
+    Uploads (huggingface_hub's HTTP path: Xet off, see ``env()``; in-process patch
+    ``huggingface_hub.constants.HF_HUB_DISABLE_XET``, read at import): create_repo, preupload, the LFS batch
+    API (basic transfer) with a signed PUT and a verify, and NDJSON commits to ``main``. Writes need
+    ``Bearer <token>``. ``lfs_threshold``: preupload answers "lfs" from this size up (10 MiB, as the Hub).
+    ``commits_made``: a ``HubCommit`` per API commit. ``fail_next(glob, status)``: fail writes on purpose;
+    mind that huggingface_hub retries 5xx (with 1 s, 2 s, ... sleeps) on all write routes but the commit.
     """
 
     def __init__(self):
         self.token = "hf_test_" + secrets.token_hex(12)
+        self.user = "tester"  # the token's namespace: create_repo of a bare name lands here
         self.repos: dict[tuple[str, str], HubRepo] = {}
         self.blobs: dict[str, HubFile] = {}
         self.requests: list[tuple[str, str, str | None]] = []
         self.log: list[dict] = []
         self.tree_page_size = 1000
+        self.lfs_threshold = 10 * 1024 * 1024
+        self.commits_made: list[HubCommit] = []
+        self.failures: list[Fault] = []
+        self._secret = secrets.token_bytes(16)
+        self._lock = threading.Lock()
         self._server = _serve(_HubHandler, self, cdn=False)
         self._cdn = _serve(_HubHandler, self, cdn=True)
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -364,14 +570,38 @@ class HubServer:
         repo = self.repos.setdefault((repo_type, repo_id), HubRepo(repo_type, repo_id))
         repo.gated, repo.private, repo.redirect_lfs = gated, private, redirect_lfs
         snapshot = {path: HubFile(bytes(data), path in lfs_paths) for path, data in files.items()}
-        digest = hashlib.sha1(f"{repo_type}/{repo_id}/{len(repo.commits)}".encode())
+        return self._new_commit(repo, snapshot)
+
+    def _new_commit(self, repo: HubRepo, snapshot: dict[str, HubFile]) -> str:
+        digest = hashlib.sha1(f"{repo.repo_type}/{repo.repo_id}/{len(repo.commits)}".encode())
         for path, f in sorted(snapshot.items()):
             digest.update(f"{path}\0{f.oid}\0".encode())
             if f.lfs:
                 self.blobs[f.sha256] = f
+                repo.lfs_oids.add(f.sha256)
         sha = digest.hexdigest()
         repo.commits[sha], repo.head = snapshot, sha
         return sha
+
+    def fail_next(self, path_glob: str, status: int = 500, times: int = 1) -> Fault:
+        """Answer ``status`` to the next ``times`` writes (POST/PUT) whose path (no query) matches ``path_glob``
+        (fnmatch, '*' crosses '/'), before any handling. E.g. "/api/models/org/x/commit/*", "*/preupload/*",
+        "*.git/info/lfs/objects/batch", "/_lfs/*" (the PUT of LFS bytes). ``.fired`` counts the answers."""
+        fault = Fault(path_glob, "fail", {"status": status}, times, None)
+        with self._lock:
+            self.failures.append(fault)
+        return fault
+
+    def _injected(self, path: str) -> int | None:
+        with self._lock:
+            for fault in self.failures:
+                if fault.fired < fault.times and fnmatch.fnmatchcase(path, fault.path_glob):
+                    fault.fired += 1
+                    return fault.params["status"]
+        return None
+
+    def _sign(self, path: str) -> str:
+        return hmac.new(self._secret, path.encode(), hashlib.sha256).hexdigest()[:32]
 
     def env(self, hf_home, endpoint: str | None = None) -> dict[str, str]:
         """Environment for a subprocess that uses huggingface_hub against this server."""
@@ -413,15 +643,7 @@ BODY_FAULTS = {"drop_after", "truncate", "corrupt", "slow"}
 class _ProxyHandler(_Handler):
     def do_GET(self):
         proxy: FaultProxy = self.server.owner
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            body = b""
-            while (size := int(self.rfile.readline().split(b";")[0], 16)) > 0:
-                body += self.rfile.read(size)
-                self.rfile.readline()
-            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                pass
-        else:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = self.read_body()
         proxy.requests.append((self.command, self.path, self.headers.get("Range")))
         proxy.agents.append((self.command, self.path, self.headers.get("User-Agent", "")))
         path = urlsplit(self.path).path

@@ -177,6 +177,19 @@ CASES = [
          "--grace-period", "-1"),
     Case("exec-bad-retryable-codes-env", ("exec", "--", sys.executable, SCRIPT),
          {"LAUNCHER_RETRYABLE_EXIT_CODES": "256"}, "LAUNCHER_RETRYABLE_EXIT_CODES", "256"),
+    # --- the export after the job (any job subcommand; exec here: no process starts first) ------
+    Case("export-uri-unknown-scheme", ("exec", "--export-uri", "gs://bucket/x", "--", sys.executable, SCRIPT), {},
+         "--export-uri", "gs://bucket/x"),
+    Case("export-uri-hf-without-name", ("exec", "--", sys.executable, SCRIPT), {"EXPORT_URI": "hf://only-owner"},
+         "EXPORT_URI", "hf://only-owner"),
+    Case("export-uri-bad-bucket", ("exec", "--", sys.executable, SCRIPT), {"EXPORT_URI": "s3://Bad_Bucket/x"},
+         "EXPORT_URI", "s3://Bad_Bucket/x"),
+    Case("export-path-relative", ("exec", "--export-uri", "file:///tmp/x", "--export-path", "out", "--",
+                                  sys.executable, SCRIPT), {}, "--export-path", "out"),
+    Case("export-per-node-word", ("exec", "--", sys.executable, SCRIPT),
+         {"EXPORT_URI": "file:///tmp/x", "EXPORT_PER_NODE": "maybe"}, "EXPORT_PER_NODE", "maybe"),
+    Case("export-concurrency-zero", ("exec", "--export-uri", "file:///tmp/x", "--export-concurrency", "0", "--",
+                                     sys.executable, SCRIPT), {}, "--export-concurrency", "0"),
     # --- local ----------------------------------------------------------------------------------
     Case("local-nnodes-zero", ("local", "--nnodes", "0", "--", SCRIPT), {}, "--nnodes", "0"),
     Case("local-nnodes-word", ("local", "--nnodes", "two", "--", SCRIPT), {}, "--nnodes", "two"),
@@ -198,7 +211,7 @@ CASES = [
 def clean_env(extra: dict[str, str]) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items()
-        if not k.startswith(("PET_", "LAUNCHER_")) and k != "JOB_COMPLETION_INDEX"
+        if not k.startswith(("PET_", "LAUNCHER_", "EXPORT_")) and k != "JOB_COMPLETION_INDEX"
     }
     env.update(extra)
     return env

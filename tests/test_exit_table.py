@@ -338,7 +338,7 @@ def test_every_s3_error_code(tmp_path, code, status, exit_code, reason):
     def fail():
         raise s3_client_error(code, status)
 
-    outcome = storage_outcome(raised(lambda: S3Source._call(fail, "list s3://datasets/imagenet")))
+    outcome = storage_outcome(raised(lambda: S3Source.call(fail, "list s3://datasets/imagenet")))
     assert outcome.reason == reason
     assert_agrees(outcome, tmp_path, exit_code, exit_code in DEFAULT_RETRYABLE_EXIT_CODES)
 
@@ -379,7 +379,7 @@ def test_every_botocore_error(tmp_path, error, exit_code, reason):
     def fail():
         raise error
 
-    outcome = storage_outcome(raised(lambda: S3Source._call(fail, "list s3://datasets/imagenet")))
+    outcome = storage_outcome(raised(lambda: S3Source.call(fail, "list s3://datasets/imagenet")))
     assert outcome.reason == reason
     assert "\n" not in outcome.message
     assert_agrees(outcome, tmp_path, exit_code, exit_code in DEFAULT_RETRYABLE_EXIT_CODES)
@@ -430,7 +430,7 @@ def test_every_hub_error(tmp_path, cls_name, status, exit_code, reason):
     def fail():
         raise error
 
-    outcome = storage_outcome(raised(lambda: HubSource._hub(None, fail, "hf://o/n")))
+    outcome = storage_outcome(raised(lambda: HubSource.call(None, fail, "hf://o/n")))
     assert outcome.reason == reason
     assert_agrees(outcome, tmp_path, exit_code, exit_code in DEFAULT_RETRYABLE_EXIT_CODES)
 

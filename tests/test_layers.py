@@ -26,6 +26,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"runner"}),
     frozenset({"status", "local"}),
     frozenset({"initializers", "smoke"}),
+    frozenset({"export"}),  # the step after a job: over the initializers' storage, under the frameworks
     frozenset(FRAMEWORK_NAMES),
     frozenset({"cli"}),
     frozenset({"__main__"}),

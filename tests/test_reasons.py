@@ -82,7 +82,7 @@ def test_the_names_are_the_ones_users_have_always_seen():
         "Misconfigured": 2, "StorageUnavailable": 138, "LeaseTimeout": 138, "LeaseLost": 138,
         "LocalIOError": 138, "StorageError": 2, "NotFound": 2, "AuthFailed": 2, "BadRequest": 2,
         "NoCredentials": 2, "UnsafePath": 2, "PathClash": 2, "BadArchive": 2, "PermissionDenied": 2,
-        "ReadOnlyFileSystem": 2, "NoSpace": 2, "BadPath": 2,
+        "ReadOnlyFileSystem": 2, "NoSpace": 2, "BadPath": 2, "ExportFailed": 138, "ExportRejected": 2,
     }
     assert {str(r): r.rule for r in Reasons.all() if r.rule is not None} == {
         "Failed": PROGRAM, "RetryableExit": PROGRAM, "Signaled": SIGNAL, "Killed": SIGNAL, "Crashed": SIGNAL,

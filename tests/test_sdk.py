@@ -87,6 +87,16 @@ def show_initialized_files():
                 print(f"sdk-seen {os.path.relpath(path, '/workspace')} {os.path.getsize(path)}", flush=True)
 
 
+def write_a_model():
+    import os
+
+    os.makedirs("/workspace/output/ckpt", exist_ok=True)
+    with open("/workspace/output/ckpt/model.bin", "wb") as handle:
+        handle.write(b"w" * 200_000)
+    with open("/workspace/output/config.json", "w") as handle:
+        handle.write('{"trained": true}')
+
+
 def torch_report(report_dir):
     import json
     import os
@@ -316,6 +326,24 @@ def test_sdk_initializers_run_in_our_image(sdk, s3_server, hub_server, gateway_r
     expected = {(f"dataset/{k}", str(len(v))) for k, v in data.items()}
     expected |= {(f"model/{k}", str(len(v))) for k, v in model.items() if k != "old.bin"}
     assert seen == expected
+
+
+def test_sdk_custom_trainer_exports_its_output_to_s3_after_success(sdk, s3_server, gateway_relays):
+    bucket = s3_server.make_bucket("tl-sdk-export")
+    name = job_name("export")
+    workspace_for(name)
+    sdk.train(name, runtime=sdk.client.get_runtime("torch-distributed"),
+              trainer=CustomTrainer(func=write_a_model, num_nodes=1, env={
+                  "EXPORT_URI": f"s3://{bucket}/run-1", "ENDPOINT": gateway_relays["s3"].endpoint,
+                  "ACCESS_KEY_ID": s3_server.access_key_id, "SECRET_ACCESS_KEY": s3_server.secret_access_key,
+                  "REGION": "us-east-1"}))
+    sdk.wait(name, "Complete", timeout=300)
+    client = s3_server.client()
+    stored = {o["Key"]: o["Size"] for o in client.list_objects_v2(Bucket=bucket, Prefix="run-1/")["Contents"]}
+    assert stored == {"run-1/ckpt/model.bin": 200_000, "run-1/config.json": 17,
+                      "run-1/.trainer-launcher-export.json": stored.get("run-1/.trainer-launcher-export.json")}
+    (output,) = sdk.node_logs(name, 1)
+    assert f"exported 2 files to s3://{bucket}/run-1" in final_launcher_line(output), output[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------

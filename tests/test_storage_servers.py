@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
@@ -188,6 +190,224 @@ def test_hub_raw_http_range_head_and_errors(hub_server):
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=6000-"}))
     assert caught.value.code == 416
+
+
+# ------------------------------------------------------------------------------------------------ Hub uploads
+@pytest.fixture
+def hub_api(hub_server, monkeypatch):
+    """HfApi with the token, on huggingface_hub's HTTP/LFS upload path: the Xet flag is read at import, so the
+    environment variable alone comes too late in this process."""
+    from huggingface_hub import HfApi, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    return HfApi(endpoint=hub_server.endpoint, token=hub_server.token)
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def write_tree(root, files: dict[str, bytes]):
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def commits_to(hub_server, repo_id: str) -> list:
+    return [c for c in hub_server.commits_made if c.repo_id == repo_id]
+
+
+def lfs_puts(hub_server, repo_id: str) -> list[str]:
+    """LFS bytes sent: the PUTs to the signed upload hrefs."""
+    return [p for m, p, _ in hub_server.requests if m == "PUT" and f"/{repo_id}/" in p]
+
+
+CHECKPOINT = {"config.json": b'{"step": 1}', "weights/model.safetensors": blob(MB + 1, 9)}
+
+
+def test_hub_create_repo_exist_ok_model_and_private_dataset(hub_server, hub_api):
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    for _ in range(2):
+        url = hub_api.create_repo("up/created", exist_ok=True)
+        assert (url.repo_type, url.repo_id) == ("model", "up/created") and url == f"{hub_server.endpoint}/up/created"
+    with pytest.raises(HfHubHTTPError) as caught:
+        hub_api.create_repo("up/created")
+    assert caught.value.response.status_code == 409
+
+    for _ in range(2):
+        url = hub_api.create_repo("up/secret", repo_type="dataset", private=True, exist_ok=True)
+        assert (url.repo_type, url.repo_id) == ("dataset", "up/secret")
+    info = hub_api.dataset_info("up/secret")
+    assert info.private and info.sha == hub_server.repos[("dataset", "up/secret")].head and len(info.sha) == 40
+    assert list(hub_api.list_repo_tree("up/secret", repo_type="dataset")) == []  # empty, but it has a commit
+    with pytest.raises(RepositoryNotFoundError):
+        HfApi(endpoint=hub_server.endpoint, token=False).dataset_info("up/secret")
+    assert hub_api.create_repo("bare", exist_ok=True).repo_id == f"{hub_server.user}/bare"
+
+
+def test_hub_upload_folder_lfs_and_regular_round_trip(hub_server, hub_api, monkeypatch, tmp_path):
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    monkeypatch.setattr(hub_server, "lfs_threshold", MB)  # the Hub's is 10 MiB: a small LFS file is enough here
+    folder = write_tree(tmp_path / "out", CHECKPOINT)
+    hub_api.create_repo("up/model", exist_ok=True)
+    info = hub_api.upload_folder(repo_id="up/model", folder_path=folder, path_in_repo="ckpt/step-1")
+
+    expected = {f"ckpt/step-1/{name}": data for name, data in CHECKPOINT.items()}
+    [commit] = commits_to(hub_server, "up/model")
+    assert sorted(commit.added) == sorted(expected) and commit.deleted == [] and commit.revision == "main"
+    assert info.oid == commit.oid == hub_api.model_info("up/model").sha != commit.parent
+    assert len(lfs_puts(hub_server, "up/model")) == 1  # the LFS file; the small one rides in the commit
+
+    snapshot_download("up/model", local_dir=tmp_path / "m", cache_dir=tmp_path / "c", endpoint=hub_server.endpoint,
+                      token=hub_server.token)
+    assert read_tree(tmp_path / "m") == expected
+    one = hf_hub_download("up/model", "ckpt/step-1/weights/model.safetensors", cache_dir=tmp_path / "c2",
+                          endpoint=hub_server.endpoint, token=False)
+    assert Path(one).read_bytes() == CHECKPOINT["weights/model.safetensors"]
+
+    tree = {f.path: f for f in hub_api.list_repo_tree("up/model", recursive=True)}
+    assert set(tree) == set(expected) | {"ckpt", "ckpt/step-1", "ckpt/step-1/weights"}
+    big, small = tree["ckpt/step-1/weights/model.safetensors"], tree["ckpt/step-1/config.json"]
+    assert big.lfs.sha256 == hashlib.sha256(CHECKPOINT["weights/model.safetensors"]).hexdigest()
+    assert big.lfs.size == big.size == MB + 1
+    assert small.lfs is None and small.blob_id == git_blob_sha1(CHECKPOINT["config.json"])
+
+
+def test_hub_upload_again_sends_no_lfs_bytes(hub_server, hub_api, monkeypatch, tmp_path):
+    monkeypatch.setattr(hub_server, "lfs_threshold", MB)
+    folder = write_tree(tmp_path / "out", CHECKPOINT)
+    hub_api.create_repo("up/again", exist_ok=True)
+    first = hub_api.upload_folder(repo_id="up/again", folder_path=folder, path_in_repo="step-1")
+    assert len(lfs_puts(hub_server, "up/again")) == 1
+
+    def batches() -> int:
+        return sum(m == "POST" and p == "/up/again.git/info/lfs/objects/batch" for m, p, _ in hub_server.requests)
+
+    assert batches() == 1
+
+    # the same files elsewhere in the repo: one commit; the batch answers "stored" (no upload action)
+    second = hub_api.upload_folder(repo_id="up/again", folder_path=folder, path_in_repo="step-2")
+    commits = commits_to(hub_server, "up/again")
+    assert len(commits) == 2 and commits[1].parent == first.oid and second.oid == commits[1].oid
+    assert sorted(commits[1].added) == ["step-2/config.json", "step-2/weights/model.safetensors"]
+    assert batches() == 2 and len(lfs_puts(hub_server, "up/again")) == 1
+
+    # the very same upload again: preupload's oids tell huggingface_hub nothing changed, so it commits nothing
+    third = hub_api.upload_folder(repo_id="up/again", folder_path=folder, path_in_repo="step-2")
+    assert third.oid == second.oid and len(commits_to(hub_server, "up/again")) == 2
+    assert batches() == 3 and len(lfs_puts(hub_server, "up/again")) == 1
+
+
+def test_hub_upload_dataset_from_a_subprocess_with_env(hub_server, monkeypatch, tmp_path):
+    from huggingface_hub import snapshot_download
+
+    monkeypatch.setattr(hub_server, "lfs_threshold", MB)
+    files = {"train/part-0.parquet": blob(MB, 11), "notes.txt": b"a small file"}
+    code = ("import sys; from huggingface_hub import HfApi; api = HfApi(); "
+            "api.create_repo('up/data', repo_type='dataset', exist_ok=True); "
+            "api.upload_folder(repo_id='up/data', repo_type='dataset', folder_path=sys.argv[1])")
+    env = hub_server.env(tmp_path / "hf_home") | {"HF_TOKEN": hub_server.token}  # HF_HUB_DISABLE_XET=1 in there
+    subprocess.run([sys.executable, "-c", code, str(write_tree(tmp_path / "out", files))], env=env, check=True,
+                   timeout=60)
+    [commit] = commits_to(hub_server, "up/data")
+    assert commit.repo_type == "dataset" and sorted(commit.added) == sorted(files)
+    [put] = lfs_puts(hub_server, "up/data")
+    assert put.startswith("/_lfs/datasets/up/data/")  # the dataset batch route (/datasets/up/data.git/...) was used
+    snapshot_download("up/data", repo_type="dataset", local_dir=tmp_path / "d", cache_dir=tmp_path / "c",
+                      endpoint=hub_server.endpoint, token=False)
+    assert read_tree(tmp_path / "d") == files
+
+
+def test_hub_writes_need_the_token(hub_server, hub_api):
+    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    hub_api.create_repo("up/guarded", exist_ok=True)
+    for token in (False, "hf_wrong"):
+        api = HfApi(endpoint=hub_server.endpoint, token=token)
+        with pytest.raises(HfHubHTTPError) as caught:
+            api.create_commit("up/guarded", [CommitOperationAdd("a.txt", b"x")], commit_message="no token")
+        assert caught.value.response.status_code == 401
+        with pytest.raises(HfHubHTTPError) as caught:
+            api.create_repo("up/not-created")
+        assert caught.value.response.status_code == 401
+    assert commits_to(hub_server, "up/guarded") == [] and ("model", "up/not-created") not in hub_server.repos
+    assert HfApi(endpoint=hub_server.endpoint, token=False).model_info("up/guarded").sha  # reads stay open
+
+
+def test_hub_injected_failures_and_stale_parent(hub_server, hub_api, monkeypatch):
+    from huggingface_hub import CommitOperationAdd
+    from huggingface_hub.errors import HfHubHTTPError
+
+    hub_api.create_repo("up/flaky", exist_ok=True)
+
+    def add(data: bytes) -> list:  # a fresh operation each time: huggingface_hub refuses to reuse one
+        return [CommitOperationAdd("a.bin", data)]
+
+    first = hub_api.create_commit("up/flaky", add(b"one"), commit_message="one")
+
+    fault = hub_server.fail_next("/api/models/up/flaky/commit/*", 500)
+    with pytest.raises(HfHubHTTPError) as caught:  # huggingface_hub does not retry a commit
+        hub_api.create_commit("up/flaky", add(b"two"), commit_message="two")
+    assert caught.value.response.status_code == 500 and fault.fired == 1
+    assert hub_server.repos[("model", "up/flaky")].head == first.oid and len(commits_to(hub_server, "up/flaky")) == 1
+
+    second = hub_api.create_commit("up/flaky", add(b"two"), commit_message="two", parent_commit=first.oid)
+    with pytest.raises(HfHubHTTPError) as caught:
+        hub_api.create_commit("up/flaky", add(b"three"), commit_message="three", parent_commit=first.oid)
+    assert caught.value.response.status_code == 412 and hub_api.model_info("up/flaky").sha == second.oid
+
+    monkeypatch.setattr(hub_server, "lfs_threshold", 1)  # every file LFS: the batch route is used
+    fault = hub_server.fail_next("*.git/info/lfs/objects/batch", 403)  # a 4xx: not retried
+    with pytest.raises(HfHubHTTPError) as caught:
+        hub_api.create_commit("up/flaky", add(b"four"), commit_message="four")
+    assert caught.value.response.status_code == 403 and fault.fired == 1
+    hub_api.create_commit("up/flaky", add(b"four"), commit_message="four")
+    [entry] = hub_api.list_repo_tree("up/flaky")
+    assert entry.lfs.sha256 == hashlib.sha256(b"four").hexdigest()
+
+
+def test_hub_raw_lfs_protocol_checks(hub_server, hub_api):
+    hub_api.create_repo("up/raw", exist_ok=True)
+    data = blob(1000, 12)
+    oid = hashlib.sha256(data).hexdigest()
+    auth = {"Authorization": f"Bearer {hub_server.token}"}
+
+    def post(path: str, body: bytes, **headers):
+        request = urllib.request.Request(hub_server.endpoint + path, data=body, method="POST", headers=auth | headers)
+        return urllib.request.urlopen(request)
+
+    def commit(oid: str):
+        lines = [{"key": "header", "value": {"summary": "raw", "description": ""}},
+                 {"key": "lfsFile", "value": {"path": "w.bin", "algo": "sha256", "oid": oid, "size": len(data)}}]
+        return post("/api/models/up/raw/commit/main", b"".join(json.dumps(x).encode() + b"\n" for x in lines),
+                    **{"Content-Type": "application/x-ndjson"})
+
+    with pytest.raises(urllib.error.HTTPError) as caught:  # a pointer to LFS bytes never uploaded
+        commit(oid)
+    assert caught.value.code == 400 and "LFS pointer" in caught.value.headers["X-Error-Message"]
+
+    batch = {"operation": "upload", "transfers": ["basic"], "objects": [{"oid": oid, "size": len(data)}]}
+    with post("/up/raw.git/info/lfs/objects/batch", json.dumps(batch).encode()) as r:
+        [obj] = json.load(r)["objects"]
+    upload, verify = obj["actions"]["upload"]["href"], obj["actions"]["verify"]["href"]
+    for url, body, code in ((upload, data[::-1], 400), (upload.split("?")[0], data, 403)):
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(urllib.request.Request(url, data=body, method="PUT"))
+        assert caught.value.code == code
+    with urllib.request.urlopen(urllib.request.Request(upload, data=data, method="PUT")) as r:  # no token: signed
+        assert r.status == 200
+    with urllib.request.urlopen(urllib.request.Request(
+            verify, data=json.dumps({"oid": oid, "size": len(data)}).encode(), method="POST", headers=auth)) as r:
+        assert r.status == 200
+    with commit(oid) as r:
+        sha = json.load(r)["commitOid"]
+    with urllib.request.urlopen(f"{hub_server.endpoint}/up/raw/resolve/main/w.bin") as r:
+        assert r.read() == data and r.headers["X-Repo-Commit"] == sha
 
 
 # ------------------------------------------------------------------------------------------------ proxy

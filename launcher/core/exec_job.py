@@ -14,8 +14,9 @@ from launcher.core.settings import Override
 from launcher.core.supervisor import Child
 
 
-def run_exec(launcher_overrides: dict[str, Override], command: list[str]) -> int:
-    return lifecycle.live(CommandPod(command), launcher_overrides)
+def run_exec(launcher_overrides: dict[str, Override], command: list[str],
+             export: lifecycle.Export | None = None) -> int:
+    return lifecycle.live(CommandPod(command), launcher_overrides, export=export)
 
 
 class CommandPod(lifecycle.Pod):

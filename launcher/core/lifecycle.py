@@ -1,6 +1,6 @@
 """The pod's life, written once. Every framework's pod walks the same steps, in this order:
 
-    start early ─► settings ─► plan ─► watch ─► start ─► wait for peers ─► go ─► serve ─► judge ─► conclude ─► deliver
+    start early ─► settings ─► plan ─► watch ─► start ─► wait for peers ─► go ─► serve ─► judge ─► conclude ─► export ─► deliver
 
 A framework supplies a :class:`Pod`: what it starts before the launcher validates (processes whose
 slow ``import`` overlaps ours, each held by a go pipe), its plan, its wait, its go word, how it
@@ -40,6 +40,9 @@ class JobWatch(Protocol):
     def done(self) -> None:
         """The job's processes are gone: stop watching them (the final status goes out on delivery)."""
 
+    def report(self, metrics: list[tuple[str, str]]) -> None:
+        """After the job, before its outcome: these metrics now (an export's progress)."""
+
     def close(self) -> None:
         """After delivery: nothing more to send."""
 
@@ -47,6 +50,16 @@ class JobWatch(Protocol):
 # Starts the watch of this pod's job, once it is planned (what it needs is in ``life.planned``), or
 # says None: nothing to watch.
 StartWatch = Callable[["Life"], "JobWatch | None"]
+
+
+class Export(Protocol):
+    """What the lifecycle needs of the step that uploads the job's output (launcher.export)."""
+
+    def check(self, life: Life) -> None:
+        """With the plan: refuse bad settings (a LauncherError) before anything starts."""
+
+    def after(self, life: Life, outcome: Outcome) -> Outcome:
+        """After the job, before delivery: export if asked, and say the outcome that results."""
 
 
 @dataclass(frozen=True)
@@ -123,8 +136,9 @@ class Life:
     """One pod's run: what every hook is handed. ``launcher``, ``planned`` and ``watch`` fill in as
     the steps pass; ``workdir`` is private to this run and removed at its end."""
 
-    def __init__(self, supervisor: Supervisor, name: str) -> None:
+    def __init__(self, supervisor: Supervisor, name: str, overrides: dict[str, Override] | None = None) -> None:
         self.supervisor = supervisor
+        self.overrides = overrides or {}  # the flags given, by knob name (launcher.core.knobs.given)
         self.workdir = tempfile.mkdtemp(prefix=f"trainer-launcher-{name}-")
         self.launcher: LauncherSettings | None = None
         self.planned: Planned | None = None
@@ -242,21 +256,23 @@ class Pod:
         return own
 
 
-def live(pod: Pod, launcher_overrides: dict[str, Override], start_watch: StartWatch | None = None) -> int:
+def live(pod: Pod, launcher_overrides: dict[str, Override], start_watch: StartWatch | None = None,
+         export: Export | None = None) -> int:
     """Walk ``pod`` through its life; deliver its outcome; return the exit code."""
     with Supervisor() as supervisor:
-        life = Life(supervisor, pod.name)
+        life = Life(supervisor, pod.name, launcher_overrides)
         try:
             pod.start_early(life)
             from launcher.core.report import run_command  # pydantic: while the early ones import
 
-            return run_command(launcher_overrides, lambda launcher: _walk(pod, life, launcher, start_watch))
+            return run_command(launcher_overrides, lambda launcher: _walk(pod, life, launcher, start_watch, export))
         finally:
             life.stop_waiting()
             life.close()
 
 
-def _walk(pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWatch | None) -> Outcome:
+def _walk(pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWatch | None,
+          export: Export | None) -> Outcome:
     from launcher.core import log
     from launcher.core.outcome import LauncherError, evidence_regex
 
@@ -266,6 +282,8 @@ def _walk(pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWa
     supervisor.evidence = evidence_regex(launcher.retryable_pattern)
     try:
         life.planned = planned = pod.plan(life)
+        if export is not None:
+            export.check(life)
     except LauncherError as error:
         life.stop_waiting()  # only the launcher's own line is said
         return error.outcome().on_node(life.node)
@@ -296,4 +314,5 @@ def _walk(pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWa
     own = pod.judge(life)
     if life.watch is not None and life.watch.hang is not None:
         own = life.watch.hang  # the watch ended the job as hung: the exits are its teardown
-    return pod.conclude(life, own)
+    outcome = pod.conclude(life, own)
+    return export.after(life, outcome) if export is not None else outcome

@@ -83,7 +83,7 @@ class S3Source:
         session = _session(region_name=region or "us-east-1", **session_args)
         if settings.role_arn:
             sts = session.client("sts", endpoint_url=settings.endpoint, config=config)
-            creds = self._call(lambda: sts.assume_role(RoleArn=settings.role_arn, RoleSessionName="trainer-launcher"),
+            creds = self.call(lambda: sts.assume_role(RoleArn=settings.role_arn, RoleSessionName="trainer-launcher"),
                                "assume role")["Credentials"]
             session = _session(aws_access_key_id=creds["AccessKeyId"],
                                aws_secret_access_key=creds["SecretAccessKey"],
@@ -95,7 +95,7 @@ class S3Source:
         self._store_lock = threading.Lock()
 
     @staticmethod
-    def _call(function, what: str):
+    def call(function, what: str):
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -124,7 +124,7 @@ class S3Source:
             paginator = self.client.get_paginator("list_objects_v2")
             return [o for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix) for o in page.get("Contents", [])]
 
-        objects = self._call(page_through, f"list s3://{self.bucket}/{self.prefix}")
+        objects = self.call(page_through, f"list s3://{self.bucket}/{self.prefix}")
         base = self.prefix if not self.prefix or self.prefix.endswith("/") else self.prefix + "/"
         files = []
         for obj in objects:
@@ -153,7 +153,7 @@ class S3Source:
         if not re.fullmatch(r"[0-9a-f]{32}-\d+", etag):
             return None
         try:
-            head = self._call(lambda: self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=1), f"head {key}")
+            head = self.call(lambda: self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=1), f"head {key}")
         except (TransientError, PermanentError):
             return None
         part_size = head.get("ContentLength")
@@ -162,7 +162,7 @@ class S3Source:
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
         """The bytes come through obstore (Rust): boto3's per-request and per-chunk Python cost was
         this source's limit (bench/bench_init.py: client CPU per GB, and the ratio to s5cmd)."""
-        store = self._body_store()
+        store = self.body_store()
         import obstore
 
         options = {"range": (start, end)} if end is not None else {"range": {"offset": start}} if start else {}
@@ -173,7 +173,7 @@ class S3Source:
             yield from self._read_with_boto3(file, start, chunk_size, end)
             return
         except Exception as error:  # noqa: BLE001 - sorted below, never re-raised as is
-            raise _obstore_error(error, what) from None
+            raise obstore_error(error, what) from None
         while True:
             try:
                 chunk = next(stream)
@@ -185,14 +185,14 @@ class S3Source:
 
     def _read_with_boto3(self, file: RemoteFile, start: int, chunk_size: int, end: int | None) -> Iterator[bytes]:
         ranged = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
-        body = self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=file.key, **ranged),
+        body = self.call(lambda: self.client.get_object(Bucket=self.bucket, Key=file.key, **ranged),
                           f"get {file.key!r}")["Body"]
         try:
             yield from body.iter_chunks(chunk_size)
         except Exception as error:  # noqa: BLE001 - a broken body: the engine retries or resumes
             raise TransientError(f"{file.key!r}: connection lost mid-body ({type(error).__name__})") from None
 
-    def _body_store(self):
+    def body_store(self):
         """obstore's client for the bodies, built on the first read and shared by the engine's
         threads. boto3 stays the authority for credentials (every chain it knows, and the STS
         role), the listing and the multipart part size: that is where its breadth matters and its
@@ -251,7 +251,7 @@ class _Credentials:
                 "expires_at": datetime.now(timezone.utc) + timedelta(minutes=5) if refreshable else None}
 
 
-def _obstore_error(error: Exception, what: str) -> Exception:
+def obstore_error(error: Exception, what: str) -> Exception:
     """obstore's error, sorted like boto3's: its text names the URL and the server's reply, so
     only the class and the HTTP status are kept."""
     name = type(error).__name__

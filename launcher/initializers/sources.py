@@ -129,7 +129,7 @@ class HubSource:
         name, _, self.subfolder = rest.partition("/")
         self.repo_id, self.repo_type, self.token, self.revision = f"{owner}/{name}", repo_type, token, revision
 
-    def _hub(self, function, what: str):
+    def call(self, function, what: str):
         from huggingface_hub.errors import (
             EntryNotFoundError, GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError,
         )
@@ -155,10 +155,10 @@ class HubSource:
 
         api = HfApi(token=self.token or False)
         what = f"hf://{self.repo_id}"
-        info = self._hub(lambda: api.repo_info(self.repo_id, repo_type=self.repo_type, revision=self.revision),
+        info = self.call(lambda: api.repo_info(self.repo_id, repo_type=self.repo_type, revision=self.revision),
                          what)
         self.commit = info.sha
-        entries = self._hub(lambda: list(api.list_repo_tree(self.repo_id, path_in_repo=self.subfolder or None,
+        entries = self.call(lambda: list(api.list_repo_tree(self.repo_id, path_in_repo=self.subfolder or None,
                                                             recursive=True, repo_type=self.repo_type,
                                                             revision=self.commit)), what)
         base = f"{self.subfolder.rstrip('/')}/" if self.subfolder else ""

@@ -17,6 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 from launcher import status
+from launcher.export.step import Export
 from launcher.core import lifecycle, python_argv
 from launcher.core.supervisor import Child, Supervisor
 from launcher.jax.plan import REPORT_ENV, runner_argv
@@ -48,7 +49,7 @@ def _early_command(jax_overrides: dict[str, Override], rest: list[str]) -> pytho
 
 
 def run_jax(launcher_overrides: dict[str, Override], jax_overrides: dict[str, Override], rest: list[str]) -> int:
-    return lifecycle.live(JaxPod(jax_overrides, rest), launcher_overrides, status.start_watch)
+    return lifecycle.live(JaxPod(jax_overrides, rest), launcher_overrides, status.start_watch, Export())
 
 
 class JaxPod(lifecycle.Pod):

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from launcher import status
+from launcher.export.step import Export
 from launcher.core import lifecycle, log, netwait, settings, versions
 from launcher.core.exec_job import CommandPod, node_name
 from launcher.mpi import ssh
@@ -97,7 +98,7 @@ def make_plan(mpi_overrides: dict[str, Override], rest: list[str], launcher: Lau
 
 
 def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override], rest: list[str]) -> int:
-    return lifecycle.live(MpiPod(mpi_overrides, rest), launcher_overrides, status.start_watch)
+    return lifecycle.live(MpiPod(mpi_overrides, rest), launcher_overrides, status.start_watch, Export())
 
 
 class MpiPod(CommandPod):

@@ -137,6 +137,11 @@ class Monitor:
             self.board.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def report(self, metrics: list[tuple[str, str]]) -> None:
+        """These metrics now, beside the job's (an export's progress, after the job)."""
+        if self.sender is not None:
+            self.sender.offer(self._body(time.monotonic(), extra=metrics))
+
     def close(self) -> None:
         """Done, and no final status to send after all (the launcher ends without an outcome)."""
         self.done()
@@ -218,11 +223,12 @@ class Monitor:
 
     # --- the TrainJob's status -----------------------------------------------------------------
 
-    def _body(self, now: float, outcome: Outcome | None = None, codes: frozenset[int] = frozenset()) -> dict:
+    def _body(self, now: float, outcome: Outcome | None = None, codes: frozenset[int] = frozenset(),
+              extra: list[tuple[str, str]] = ()) -> dict:
         from launcher.status.payload import trainer_status
 
         percent, eta = self.tracker.percent(), self.tracker.eta(now)
-        metrics = self.tracker.metrics()
+        metrics = [*extra, *self.tracker.metrics()]
         if outcome is not None:
             if outcome.exit_code == 0:
                 percent, eta = 100, 0
@@ -249,6 +255,9 @@ def outcome_metrics(outcome: Outcome, codes: frozenset[int]) -> list[tuple[str, 
             found.append(("root_cause_rank", str(cause.rank)))
     if outcome.exit_code != 0 and outcome.message:
         found.append(("message", outcome.message))
+    for name, key in (("export_uri", "exportUri"), ("export_files", "exportFiles")):
+        if key in outcome.extra:
+            found.append((name, str(outcome.extra[key])))
     return found
 
 

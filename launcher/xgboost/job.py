@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher import status
+from launcher.export.step import Export
 from launcher.core import lifecycle, python_argv
 from launcher.core.supervisor import Child
 from launcher.xgboost import run as runner_module
@@ -83,7 +84,7 @@ def make_plan(xgboost_overrides: dict[str, Override], rest: list[str], require_p
 
 
 def run_xgboost(launcher_overrides: dict[str, Override], xgboost_overrides: dict[str, Override], rest: list[str]) -> int:
-    return lifecycle.live(XGBoostPod(xgboost_overrides, rest), launcher_overrides, status.start_watch)
+    return lifecycle.live(XGBoostPod(xgboost_overrides, rest), launcher_overrides, status.start_watch, Export())
 
 
 def _summary(plan: XGBoostPlan) -> str:
