@@ -21,7 +21,7 @@ def multipart_etag(part_md5s: list[bytes]) -> str:
 def digest(path: str, size: int, forms: tuple[str, ...], part_size: int = 0) -> dict[str, str]:
     """The file's hex digests by form ("md5", "s3-etag", "sha256", "git-sha1"). "s3-etag" is what
     S3 answers for an upload in parts of ``part_size`` (a single PUT's md5 below it)."""
-    whole = {"md5"} if "s3-etag" in forms else set()  # a single PUT's ETag is the md5
+    whole = {"md5"} if "s3-etag" in forms and size <= part_size else set()  # a single PUT's ETag is the md5
     hashes = {form: hashlib.new(form) for form in ("md5", "sha256") if form in forms or form in whole}
     if "git-sha1" in forms:
         hashes["git-sha1"] = hashlib.sha1(b"blob %d\0" % size)

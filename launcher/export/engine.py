@@ -1,8 +1,10 @@
-"""One export, whatever the destination: list what is there, hash what is here, send what differs,
-verify it, and only then say it is complete (a manifest, or the Hub's one commit).
+"""One export, whatever the destination: list what is there, hash what may be there already, send
+what differs, verify it, and only then say it is complete (a manifest, or the Hub's one commit).
 
-A destination (``s3``, ``hf``, ``file``) supplies what is special to it (:class:`Target`); the
-order, the hashing, the retries and the progress are here, once."""
+Only a file the destination holds at the same size is hashed before anything is sent (to tell
+whether it must go); the others are hashed as they are sent, by their destination, which verifies
+them with it. A destination (``s3``, ``hf``, ``file``) supplies what is special to it
+(:class:`Target`); the order, the retries and the progress are here, once."""
 
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ from launcher.initializers.progress import Progress
 class Target(Protocol):
     shown: str  # the destination, without secrets
 
-    def forms(self, file: LocalFile) -> tuple[tuple[str, ...], int]:
-        """The digests this destination verifies ``file`` by, and the part size they assume."""
+    def forms(self, file: LocalFile, there: dict) -> tuple[tuple[str, ...], int]:
+        """The digests that tell whether ``file`` is ``there`` already, and the part size they assume."""
 
     def existing(self) -> dict[str, dict]:
         """What the destination holds already, by relative path: {"size": ..., and digests}."""
@@ -34,7 +36,8 @@ class Target(Protocol):
         """Before the first byte: take back the word that an earlier export was complete."""
 
     def send(self, files: list[LocalFile], digests: dict[str, dict[str, str]], progress: Progress) -> None:
-        """Upload ``files`` and verify each; a TransientError or PermanentError when it cannot."""
+        """Upload ``files`` and verify each, adding each one's digests to ``digests``; a
+        TransientError or PermanentError when it cannot."""
 
     def finish(self, files: list[LocalFile], digests: dict[str, dict[str, str]], manifest: bytes) -> None:
         """Every file is there and verified: say so (``manifest``), or check the Hub's commit."""
@@ -56,8 +59,9 @@ def export(target: Target, files: list[LocalFile], concurrency: int, log: Callab
     progress once the sending begins (the TrainJob's status reads it)."""
     started = time.monotonic()
     existing = target.existing()
-    digests = _hash_all(target, files, concurrency)
-    needed = [f for f in files if f.path not in existing or not target.same(existing[f.path], f, digests[f.path])]
+    maybe_there = [f for f in files if existing.get(f.path, {}).get("size") == f.size]
+    digests = _hash_all(target, maybe_there, existing, concurrency)
+    needed = [f for f in files if f.path not in digests or not target.same(existing[f.path], f, digests[f.path])]
     total = sum(f.size for f in needed)
     log(f"export: {len(needed)} of {len(files)} files to send ({total / 1e6:.1f} MB), "
         f"{len(files) - len(needed)} already in {target.shown}")
@@ -69,11 +73,12 @@ def export(target: Target, files: list[LocalFile], concurrency: int, log: Callab
     return Summary(len(files), len(needed), len(files) - len(needed), total, time.monotonic() - started)
 
 
-def _hash_all(target: Target, files: list[LocalFile], concurrency: int) -> dict[str, dict[str, str]]:
+def _hash_all(target: Target, files: list[LocalFile], existing: dict[str, dict],
+              concurrency: int) -> dict[str, dict[str, str]]:
     digests: dict[str, dict[str, str]] = {}
 
     def one(file: LocalFile) -> None:
-        forms, part = target.forms(file)
+        forms, part = target.forms(file, existing[file.path])
         digests[file.path] = digest(file.real, file.size, forms, part)
 
     on_lanes(files, one, concurrency)

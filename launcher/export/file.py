@@ -38,7 +38,7 @@ class FileTarget:
         self.shown, self.lanes = f"file://{self.target}", concurrency
         self.earlier: dict[str, dict] = {}  # the export in the target now, by path
 
-    def forms(self, file: LocalFile) -> tuple[tuple[str, ...], int]:
+    def forms(self, file: LocalFile, there: dict) -> tuple[tuple[str, ...], int]:
         return ("md5",), 0
 
     def existing(self) -> dict[str, dict]:
@@ -94,13 +94,14 @@ class FileTarget:
 
     def send(self, files: list[LocalFile], digests: dict[str, dict[str, str]], progress: Progress) -> None:
         try:
-            each(files, lambda f: self._copy(f, digests[f.path]["md5"]), self.lanes, progress)
+            each(files, lambda f: self._copy(f, digests), self.lanes, progress)
         except OSError as error:
             raise LocalIOError(error, self.staging) from None
         finally:
             self._journal_handle.close()
 
-    def _copy(self, file: LocalFile, expected: str) -> None:
+    def _copy(self, file: LocalFile, digests: dict[str, dict[str, str]]) -> None:
+        expected = digest(file.real, file.size, ("md5",))["md5"]
         destination = os.path.join(self.staging, *file.path.split("/"))
         temporary = f"{destination}.tmp"
         os.makedirs(os.path.dirname(destination), exist_ok=True)
@@ -114,6 +115,7 @@ class FileTarget:
             os.unlink(temporary)
             raise TransientError(f"{file.path}: the copy's md5 is {copied}, the file's {expected}")
         os.replace(temporary, destination)
+        digests[file.path] = {"md5": expected}
         self._journal_handle.write(json.dumps({"path": file.path, "size": file.size, "md5": expected}) + "\n")
         self._journal_handle.flush()
 

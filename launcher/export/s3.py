@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from launcher.export.checksum import digest
 from launcher.export.engine import each
 from launcher.export.tree import MANIFEST, LocalFile
 from launcher.initializers.errors import TransientError
@@ -39,7 +40,7 @@ class S3Target:
     def key(self, path: str) -> str:
         return f"{self.prefix}/{path}" if self.prefix else path
 
-    def forms(self, file: LocalFile) -> tuple[tuple[str, ...], int]:
+    def forms(self, file: LocalFile, there: dict) -> tuple[tuple[str, ...], int]:
         return ("s3-etag",), part_size(file.size)
 
     def existing(self) -> dict[str, dict]:
@@ -68,7 +69,7 @@ class S3Target:
 
         def lane_of_parts() -> None:  # the large files, one after another, every lane on its parts
             try:
-                each(large, lambda f: self._put(f, digests[f.path]["s3-etag"], self.lanes), 1, progress, stop=stop)
+                each(large, lambda f: self._put(f, digests, self.lanes), 1, progress, stop=stop)
             except BaseException as error:  # noqa: BLE001 - raised again below, in the caller's thread
                 stop.set()
                 failed.append(error)
@@ -76,24 +77,33 @@ class S3Target:
         parts = threading.Thread(target=lane_of_parts, daemon=True)
         parts.start()
         try:
-            each(small, lambda f: self._put(f, digests[f.path]["s3-etag"], 1), self.lanes, progress, stop=stop)
+            each(small, lambda f: self._put(f, digests, 1), self.lanes, progress, stop=stop)
         finally:
             parts.join()
         if failed:
             raise failed[0]
 
-    def _put(self, file: LocalFile, expected: str, lanes: int) -> None:
+    def _put(self, file: LocalFile, digests: dict[str, dict[str, str]], lanes: int) -> None:
+        """One file, hashed while it goes up, then verified by the ETag S3 answers."""
         import obstore
 
         from launcher.initializers.s3 import obstore_error
 
         key, part = self.key(file.path), part_size(file.size)
+        hashed: list = []
+        hashing = threading.Thread(target=lambda: hashed.append(_digest_or_error(file, part)), daemon=True)
+        hashing.start()
         try:
             result = obstore.put(self.source.body_store(), key, Path(file.real), use_multipart=file.size > part,
                                  chunk_size=part, max_concurrency=lanes)
         except Exception as error:  # noqa: BLE001 - sorted into transient and permanent
             raise obstore_error(error, f"put {key}") from None
-        etag = (result.get("e_tag") or "").strip('"')
+        finally:
+            hashing.join()
+        if isinstance(hashed[0], BaseException):
+            raise hashed[0]
+        digests[file.path] = hashed[0]
+        etag, expected = (result.get("e_tag") or "").strip('"'), hashed[0]["s3-etag"]
         if etag != expected:
             raise TransientError(f"{key}: S3 stored ETag {etag or 'none'}, the file's is {expected}")
 
@@ -107,3 +117,10 @@ class S3Target:
             obstore.put(self.source.body_store(), key, manifest, use_multipart=False)
         except Exception as error:  # noqa: BLE001
             raise obstore_error(error, f"put {key}") from None
+
+
+def _digest_or_error(file: LocalFile, part: int):
+    try:
+        return digest(file.real, file.size, ("s3-etag",), part)
+    except BaseException as error:  # noqa: BLE001 - raised in the uploading thread
+        return error
