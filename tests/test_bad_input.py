@@ -182,6 +182,8 @@ CASES = [
          "--export-uri", "gs://bucket/x"),
     Case("export-uri-hf-without-name", ("exec", "--", sys.executable, SCRIPT), {"EXPORT_URI": "hf://only-owner"},
          "EXPORT_URI", "hf://only-owner"),
+    Case("export-uri-hf-bad-repo-name", ("exec", "--", sys.executable, SCRIPT), {"EXPORT_URI": "hf://team/my model!"},
+         "EXPORT_URI", "hf://team/my model!"),
     Case("export-uri-bad-bucket", ("exec", "--", sys.executable, SCRIPT), {"EXPORT_URI": "s3://Bad_Bucket/x"},
          "EXPORT_URI", "s3://Bad_Bucket/x"),
     Case("export-path-relative", ("exec", "--export-uri", "file:///tmp/x", "--export-path", "out", "--",

@@ -146,7 +146,7 @@ class Reasons:
     READ_ONLY_FILE_SYSTEM = Reason("ReadOnlyFileSystem", _CONFIG_ERROR)
     NO_SPACE = Reason("NoSpace", _CONFIG_ERROR)
     BAD_PATH = Reason("BadPath", _CONFIG_ERROR)
-    # The export after the job (EXPORT_URI): its cause (a reason above) in causeReason.
+    # The export after the job (EXPORT_URI): the storage's own reason (one above) in exportCause.
     EXPORT_FAILED = Reason("ExportFailed", TRANSIENT)  # storage that may heal on another try
     EXPORT_REJECTED = Reason("ExportRejected", _CONFIG_ERROR)  # what no retry fixes
 

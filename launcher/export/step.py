@@ -11,6 +11,7 @@ sent stays, for the next try to skip) and the pod ends as Terminated."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from launcher.initializers.uri import StorageUri
 
 SCHEMES = ("s3", "hf", "file")
+_HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")  # a Hub owner or repo name
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,12 @@ class Export:
         self.settings = export = settings.load(ExportSettings, life.overrides)
         if not export.export_uri:
             return
-        uri = parse_storage_uri(export.export_uri, SCHEMES, _source(life, "export_uri", "EXPORT_URI"))
+        named = _source(life, "export_uri", "EXPORT_URI")
+        uri = parse_storage_uri(export.export_uri, SCHEMES, named)
+        repo = f"{uri.authority}/{uri.path}".split("/")[:2]
+        if uri.scheme == "hf" and not all(_HUB_NAME.fullmatch(part) for part in repo):
+            raise ConfigError(named, uri.shown, "hf://OWNER/NAME[/SUBFOLDER], each name of letters, digits, '-', "
+                                                "'_' and '.', at most 96")
         if not os.path.isabs(export.export_path):
             raise ConfigError(_source(life, "export_path", "EXPORT_PATH"), export.export_path, "an absolute path")
         nested = settings.handoff_path() is not None  # under `trainer-launcher exec`: it exports
