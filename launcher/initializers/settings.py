@@ -36,7 +36,20 @@ def duration_in(low: float, high: float) -> Any:
     return parse
 
 
-class InitSettings(Settings):
+class S3Settings(Settings):
+    """Where an S3 store is and who we are to it: upstream's initializer names, which the export
+    (launcher.export) reads too, so that one Secret serves both ways."""
+
+    endpoint: Annotated[str | None, NoDecode, parsed(parse_url)] = field("ENDPOINT", None, "s3: endpoint URL")
+    access_key_id: str | None = field("ACCESS_KEY_ID", None, "s3: access key id", secret=True)
+    secret_access_key: str | None = field("SECRET_ACCESS_KEY", None, "s3: secret access key", secret=True)
+    region: str = field("REGION", "auto", "s3: region")
+    role_arn: str | None = field("ROLE_ARN", None, "s3: role to assume")
+    # boto3 reads it itself; the S3 bodies' client (obstore) is handed its content.
+    ca_bundle: str | None = field("AWS_CA_BUNDLE", None, "s3: a PEM bundle of CAs to trust besides the system's")
+
+
+class InitSettings(S3Settings):
     """The initializer contract (upstream names, an empty string means unset) and our extras."""
 
     storage_uri: str | None = field("STORAGE_URI", None, "where to download from")
@@ -45,13 +58,6 @@ class InitSettings(Settings):
     allow_patterns: Annotated[tuple[str, ...] | None, NoDecode, parsed(parse_patterns)] = field(
         "ALLOW_PATTERNS", None, "comma-separated globs to fetch (all when unset)")
     access_token: str | None = field("ACCESS_TOKEN", None, "hf: token", secret=True)
-    endpoint: Annotated[str | None, NoDecode, parsed(parse_url)] = field("ENDPOINT", None, "s3: endpoint URL")
-    access_key_id: str | None = field("ACCESS_KEY_ID", None, "s3: access key id", secret=True)
-    secret_access_key: str | None = field("SECRET_ACCESS_KEY", None, "s3: secret access key", secret=True)
-    region: str = field("REGION", "auto", "s3: region")
-    role_arn: str | None = field("ROLE_ARN", None, "s3: role to assume")
-    # boto3 reads it itself; the S3 bodies' client (obstore) is handed its content.
-    ca_bundle: str | None = field("AWS_CA_BUNDLE", None, "s3: a PEM bundle of CAs to trust besides the system's")
     output_path: str | None = _init_knob("output_path", None, "OUTPUT_PATH")
     revision: str | None = _init_knob("revision", None)
     concurrency: Annotated[int, NoDecode, parsed(int_in(1, 256, "a number of parallel transfers"))] = _init_knob(
