@@ -45,6 +45,9 @@ def parse_storage_uri(raw: str, allowed: tuple[str, ...] = SCHEMES, name: str = 
     if scheme not in allowed:
         raise ConfigError(name, redact_uri(raw), f"one of the schemes {', '.join(s + '://' for s in allowed)}")
     if scheme == "hf":
+        if "@" in parts.netloc:  # the owner would carry them, into every message naming the repo
+            raise ConfigError(name, redact_uri(raw), "hf://OWNER/NAME[/SUBFOLDER] without credentials: the token goes "
+                                                     "in ACCESS_TOKEN")
         segments = [s for s in f"{parts.netloc}{parts.path}".split("/") if s]
         if len(segments) < 2 or any(s in (".", "..") for s in segments):
             raise ConfigError(name, redact_uri(raw), "hf://OWNER/NAME[/SUBFOLDER]")
