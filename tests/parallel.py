@@ -5,7 +5,8 @@ then run one after another:
 
 - ``containers``: every test that uses the container engine (buildah and podman's storage, the
   pods' network with its fixed addresses, the SDK's podman service, images built once a session);
-- ``smoke``: the preflight's tests, which find their ranks among the machine's processes.
+- ``smoke``: the preflight's tests, which find their ranks among the machine's processes;
+- ``matrix-torch-X``: the compatibility matrix's tests on one cached torch (``_matrix_torch``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,27 @@ SMOKE = ("test_smoke",)
 def group_of(item: pytest.Item) -> str | None:
     if "engine" in getattr(item, "fixturenames", ()):
         return "containers"
+    if (torch := _matrix_torch(item)) is not None:
+        return torch
     module = getattr(item, "module", None)
     if module is not None and module.__name__.rsplit(".", 1)[-1].startswith(SMOKE):
         return "smoke"
     return None
+
+
+def _matrix_torch(item: pytest.Item) -> str | None:
+    """The cached torch environment a matrix test runs in (accelerate's stand on one), if any:
+    its tests run one after another in one worker. A CUDA build's libraries are gigabytes that
+    ``import torch`` reads from disk when the page cache lost them (13 s against 2.4 s warm, for
+    2.15.0), which the image builds beside them make likely; run together, each column reads
+    them once."""
+    from matrix_envs import ENVS
+
+    param = getattr(getattr(item, "callspec", None), "params", {}).get("python")
+    env = ENVS.get(param[0]) if isinstance(param, tuple) else None
+    while env is not None and env.base is not None:
+        env = ENVS[env.base]
+    return f"matrix-{env.name}" if env is not None and env.framework == "torch" else None
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
