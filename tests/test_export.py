@@ -114,6 +114,17 @@ def test_a_directory_that_is_not_an_export_is_refused_and_left_as_it_was(tmp_pat
     assert tree_of(destination) == {"keep.txt": b"mine"}
 
 
+@pytest.mark.parametrize("manifest", [b"not json", b'{"files": "nope"}', b"[1, 2]"], ids=["text", "bad-files", "list"])
+def test_a_directory_whose_manifest_is_not_ours_is_refused_and_left_as_it_was(tmp_path, output, manifest):
+    destination = tmp_path / "claims-to-be-an-export"
+    write_tree(destination, {MANIFEST: manifest, "keep.txt": b"mine"})
+    result = export(tmp_path, f"file://{destination}", output)
+    assert result.returncode == 2, result.stderr
+    assert (result.termination["reason"], result.termination["exportCause"]) == ("ExportRejected", "PathClash")
+    assert "Traceback" not in result.stderr
+    assert (destination / "keep.txt").read_bytes() == b"mine" and (destination / MANIFEST).read_bytes() == manifest
+
+
 def test_a_missing_output_directory_is_one_line_naming_the_flag_and_exit_2(tmp_path):
     result = export(tmp_path, f"file://{tmp_path / 'run'}", tmp_path / "nowhere")
     assert result.returncode == 2

@@ -6,6 +6,7 @@ mpirun, torchrun flags, a runner's command line) reads back as the same thing.
 
 from __future__ import annotations
 
+import json
 from urllib.parse import urlsplit
 
 import pytest
@@ -163,3 +164,23 @@ def test_any_endpoint_is_accepted_with_a_real_port_or_refused(text):
     if port is not None:
         written = endpoint.rsplit(":", 1)[1]
         assert written.isascii() and written.isdigit() and 1 <= int(written) <= 65535, endpoint
+
+
+# --- an export's manifest, as a file:// destination finds it ----------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+                    max_leaves=12)
+
+
+@given(st.one_of(st.binary(max_size=64), JSON.map(lambda v: json.dumps(v).encode()),
+                 st.lists(st.fixed_dictionaries({"path": JSON}), max_size=3).map(
+                     lambda files: json.dumps({"files": files}).encode())))
+@example(b'{"files": [{"path": "a", "size": 1}]}')
+def test_any_manifest_in_a_destination_is_read_as_files_by_path_or_refused(tmp_path_factory, data):
+    from launcher.export.file import _read_manifest
+
+    path = tmp_path_factory.mktemp("manifest") / "m.json"
+    path.write_bytes(data)
+    found = _read_manifest(str(path))
+    assert found is None or all(isinstance(key, str) and entry["path"] == key for key, entry in found.items())

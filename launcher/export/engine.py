@@ -116,6 +116,11 @@ def on_lanes(items: list, work: Callable, lanes: int, stop: threading.Event | No
         raise failed[0]
 
 
+def backoff(attempt: int, first: float = 0.25) -> None:
+    """Wait before try ``attempt + 2``: exponential from ``first``, at most 10 s, with jitter."""
+    time.sleep(min(10.0, first * 2 ** attempt) * (0.5 + random.random() / 2))
+
+
 def each(files: list[LocalFile], send_one: Callable[[LocalFile], None], lanes: int, progress: Progress,
          retries: int = 6, stop: threading.Event | None = None) -> None:
     """``send_one`` over ``files`` on ``lanes`` threads; a TransientError is retried with backoff
@@ -133,6 +138,6 @@ def each(files: list[LocalFile], send_one: Callable[[LocalFile], None], lanes: i
             except TransientError:
                 if attempt == retries:
                     raise
-                time.sleep(min(10.0, 0.25 * 2 ** attempt) * (0.5 + random.random() / 2))
+                backoff(attempt)
 
     on_lanes(files, with_retries, lanes, stop)

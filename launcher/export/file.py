@@ -36,7 +36,6 @@ class FileTarget:
         parent, name = os.path.split(self.target)
         self.staging = os.path.join(parent, f".{name}.trainer-launcher-export")
         self.shown, self.lanes = f"file://{self.target}", concurrency
-        self.earlier: dict[str, dict] = {}  # the export in the target now, by path
 
     def forms(self, file: LocalFile, there: dict) -> tuple[tuple[str, ...], int]:
         return ("md5",), 0
@@ -48,6 +47,7 @@ class FileTarget:
             raise LocalIOError(error, self.target) from None
 
     def _existing(self) -> dict[str, dict]:
+        found: dict[str, dict] = {}  # the export in the target now, by path
         if os.path.lexists(self.target):
             if os.path.islink(self.target) or not os.path.isdir(self.target):
                 raise PermanentError(f"{self.shown} is not a directory", Reasons.BAD_PATH)
@@ -56,14 +56,15 @@ class FileTarget:
                                      f"export to a directory below it, e.g. {self.shown}/output", Reasons.BAD_PATH)
             manifest = os.path.join(self.target, MANIFEST)
             if os.path.isfile(manifest):
-                with open(manifest) as handle:
-                    self.earlier = {f["path"]: f for f in json.load(handle).get("files", [])}
+                earlier = _read_manifest(manifest)
+                if earlier is None:
+                    raise PermanentError(f"{self.shown}/{MANIFEST} is not an export's manifest: "
+                                         "choose another path, or empty it", Reasons.PATH_CLASH)
+                found = earlier
             elif os.listdir(self.target):
                 raise PermanentError(f"{self.shown} holds files and is not an export (no {MANIFEST}): "
                                      "choose another path, or empty it", Reasons.PATH_CLASH)
-        found = {path: {**entry, "where": "target"} for path, entry in self.earlier.items()}
-        found.update({path: {**entry, "where": "staging"} for path, entry in self._journal().items()})
-        return found
+        return {**found, **self._journal()}  # a verified file of the staging directory wins
 
     def _journal(self) -> dict[str, dict]:
         """The files of an interrupted export's staging directory that were verified, and are there still."""
@@ -161,6 +162,16 @@ class FileTarget:
             _exchange(self.staging, self.target)
             shutil.rmtree(self.staging)  # the earlier export, now under the staging name
         _fsync_directory(os.path.dirname(self.target))
+
+
+def _read_manifest(path: str) -> dict[str, dict] | None:
+    """An earlier export's files by path, from its manifest; None when it is none of ours."""
+    try:
+        with open(path) as handle:
+            listed = json.load(handle)["files"]
+        return {f["path"]: f for f in listed if isinstance(f.get("path"), str)}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _exchange(a: str, b: str) -> None:

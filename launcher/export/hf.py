@@ -8,11 +8,9 @@ token is ACCESS_TOKEN (the initializers' name) or HF_TOKEN; HF_ENDPOINT is huggi
 
 from __future__ import annotations
 
-import random
-import time
-
 from launcher.core.outcome import Reasons
 from launcher.export.checksum import digest
+from launcher.export.engine import backoff
 from launcher.export.tree import LocalFile
 from launcher.initializers.errors import PermanentError, TransientError
 from launcher.initializers.progress import Progress
@@ -88,7 +86,7 @@ class HubTarget:
             except TransientError:
                 if attempt == ATTEMPTS - 1:
                     raise
-                time.sleep(min(10.0, 0.5 * 2 ** attempt) * (0.5 + random.random() / 2))
+                backoff(attempt, first=0.5)
         self.commit = info.oid
         for file, operation in zip(files, operations):  # huggingface_hub hashed each file (on 8 threads)
             digests[file.path] = {"sha256": operation.upload_info.sha256.hex()}

@@ -17,14 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher.core import log, settings
-from launcher.core.outcome import (
-    ConfigError,
-    LauncherError,
-    Outcome,
-    Reasons,
-    internal_error,
-    terminated,
-)
+from launcher.core.outcome import ConfigError, LauncherError, Outcome, Reasons, internal_error, terminated
 
 if TYPE_CHECKING:
     from launcher.core.lifecycle import Life
@@ -59,19 +52,19 @@ class Export:
         self.settings = export = settings.load(ExportSettings, life.overrides)
         if not export.export_uri:
             return
-        named = _source(life, "export_uri", "EXPORT_URI")
+        named = settings.source_of(ExportSettings, "export_uri", life.overrides)
         uri = parse_storage_uri(export.export_uri, SCHEMES, named)
         repo = f"{uri.authority}/{uri.path}".split("/")[:2]
         if uri.scheme == "hf" and not all(_HUB_NAME.fullmatch(part) for part in repo):
             raise ConfigError(named, uri.shown, "hf://OWNER/NAME[/SUBFOLDER], each name of letters, digits, '-', "
                                                 "'_' and '.', at most 96")
+        path_from = settings.source_of(ExportSettings, "export_path", life.overrides) or "EXPORT_PATH"
         if not os.path.isabs(export.export_path):
-            raise ConfigError(_source(life, "export_path", "EXPORT_PATH"), export.export_path, "an absolute path")
+            raise ConfigError(path_from, export.export_path, "an absolute path")
         nested = settings.handoff_path() is not None  # under `trainer-launcher exec`: it exports
         exports = not nested and (export.export_per_node or export.node_index == 0)
         subpath = f"node-{export.node_index}" if export.export_per_node else ""
-        self.plan = Plan(uri, os.path.normpath(export.export_path), _source(life, "export_path", "EXPORT_PATH"),
-                         subpath, exports)
+        self.plan = Plan(uri, os.path.normpath(export.export_path), path_from, subpath, exports)
 
     def after(self, life: Life, outcome: Outcome) -> Outcome:
         plan, export = self.plan, self.settings
@@ -110,11 +103,6 @@ class Export:
                     life.watch.report([("export", f"{now[0]}/{progress[0].total_files} files, "
                                                   f"{now[1] / 1e6:.1f}/{progress[0].total_bytes / 1e6:.1f} MB")])
         return result[0] if result else internal_error("the export stopped without an outcome", node=life.node)
-
-
-def _source(life: Life, name: str, env: str) -> str:
-    given = life.overrides.get(name)
-    return given.source if given is not None else env
 
 
 def _export(plan: Plan, export: ExportSettings, node: str, sending) -> Outcome:
