@@ -71,6 +71,11 @@ def _rank_of_node(node: int) -> int | None:
 # Keeps the process argv[1] names stopped 80% of the time until it is killed. It runs at a
 # real-time priority: under CPU load (CI's other workers) a normal thread doing this was not
 # scheduled back in time to stop the rank again, which then ran free and passed (caught in CI).
+# The period is long (a quarter second): while the rank is stopped its peer still fills the
+# loopback socket's buffer (megabytes), which the rank drains at once when continued. With a 50 ms
+# period that buffer was worth as much as the rank's own 20%, and under load (the other nodes slow
+# too) node 2 measured 0.19 GB/s against a median best of 0.34, above the half that names it
+# (caught in CI); with 250 ms the buffer adds a fifth as much.
 _DUTY_CYCLE = """
 import os, signal, sys, time
 try:
@@ -82,9 +87,9 @@ print("cycling", flush=True)
 try:
     while True:
         os.kill(pid, signal.SIGSTOP)
-        time.sleep(0.04)
+        time.sleep(0.2)
         os.kill(pid, signal.SIGCONT)
-        time.sleep(0.01)
+        time.sleep(0.05)
 except ProcessLookupError:  # the rank is gone: nothing left to slow
     pass
 """
