@@ -157,10 +157,13 @@ class Generator:
         parser = torchrun.get_args_parser()
         self.options = all_options(parser)
         self.actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+        # Each option's abbreviations, found once (every worker builds the corpus to collect it).
+        self.shortened = {dest: [abbreviation for option in action.option_strings
+                                 for abbreviation in abbreviations(option, self.options)]
+                          for dest, action in self.actions.items()}
 
     def spelling(self, dest: str) -> str:
-        action = self.actions[dest]
-        shortened = [abbreviation for option in action.option_strings for abbreviation in abbreviations(option, self.options)]
+        action, shortened = self.actions[dest], self.shortened[dest]
         if shortened and self.random.random() < 0.25:
             return self.random.choice(shortened)
         return self.random.choice(action.option_strings)
