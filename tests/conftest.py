@@ -138,5 +138,5 @@ pytest_plugins = [
     "tiers",  # unit, integration, system: each test marked, a unit test refused a process
     "cli_fixture",  # the CLI in the test's own process, for the bad-input tables
     "parallel",  # what stays in one worker when pytest-xdist spreads the suite (-n)
-    "bytecode",  # bytecode written as Python writes it, whatever the machine says (tests/bytecode.py)
+    "bytecode",  # the launcher compiled once; pytest caches its rewritten test modules (tests/bytecode.py)
 ]
