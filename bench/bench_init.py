@@ -3,11 +3,13 @@
 
 Run from the repository root:
 
-    python3 bench/bench_init.py [--repeat 3] [--mb 256] [--concurrency N] [--only s3,file,hf] [--baseline-rev REV]
+    python3 bench/bench_init.py [--repeat 3] [--mb 256 | --tree at-size] [--concurrency N] [--only s3,file,hf]
+                                [--baseline-rev REV]
 
 One moto S3 server (``moto_server -H 127.0.0.1 -p PORT``) and one data set of random bytes for
 every method: by default 400 files of 64 KiB, 100 of 1 MiB and 4 of ~32 MiB (~265 MB; --mb scales
-the counts of the small ones and the size of the large ones). The large ones are uploaded as
+the counts of the small ones and the size of the large ones); with ``--tree at-size`` 300 files of
+256 KiB and 3 of ~256 MiB (0.9 GB), where the bodies are the time. The large ones are uploaded as
 multipart, so their ETag ends in '-N' and is no MD5. Each cold run writes into a fresh, empty
 directory; runs are interleaved (the order of the methods rotates each repeat), each run is
 verified afterwards (every file present, right size, right MD5) and timed as the wall time of
@@ -276,8 +278,13 @@ class DataFile:
     multipart: bool = False
 
 
-def plan_dataset(mb: int) -> list[DataFile]:
-    """400 x 64 KiB + 100 x 1 MiB + 4 x ~32 MiB at --mb 256; counts and the large size scale."""
+def plan_dataset(mb: int, tree: str = "mixed") -> list[DataFile]:
+    """``mixed``: 400 x 64 KiB + 100 x 1 MiB + 4 x ~32 MiB at --mb 256; counts and the large size
+    scale. ``at-size``: 300 x 256 KiB + 3 x ~256 MiB (0.9 GB; --mb is not used), where the large
+    objects' bodies, not the requests, are the time."""
+    if tree == "at-size":
+        files = [DataFile(f"small/s{i:04d}.bin", 256 * KIB) for i in range(300)]
+        return files + [DataFile(f"large/l{i}.bin", 256 * MIB + 4099 * i + 1, multipart=True) for i in range(3)]
     f = mb / 256
     small, medium = max(1, round(400 * f)), max(1, round(100 * f))
     large_size = max(6 * MIB, round(32 * MIB * f))
@@ -658,7 +665,7 @@ def fmt(x: float | None, digits: int = 3) -> str:
 def probe_moto(client, server: Server, files: list[DataFile]) -> dict:
     """The server's own ceilings, from this process (boto3, one client)."""
     big = [f for f in files if f.multipart]
-    small = [f for f in files if f.size == 64 * KIB]
+    small = [f for f in files if f.path.startswith("small/")]
     key = lambda f: f"{PREFIX}/{f.path}"  # noqa: E731
     out: dict = {}
 
@@ -900,6 +907,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="rounds of runs per method (default 3)")
     parser.add_argument("--mb", type=int, default=256, help="approximate data set size in MB (default 256)")
+    parser.add_argument("--tree", choices=("mixed", "at-size"), default="mixed",
+                        help="mixed: small, medium and large files, scaled by --mb (default); at-size: 300 x 256 KiB "
+                             "and 3 x 256 MiB (0.9 GB)")
     parser.add_argument("--concurrency", type=int, default=None, help="pass --concurrency N to ours (default: its own, 8)")
     parser.add_argument("--no-hf", action="store_true", help="skip the hf:// section (same as leaving hf out of --only)")
     parser.add_argument("--only", default="s3,file,hf", help="comma-separated sections to run: s3,file,hf (default all)")
@@ -945,12 +955,13 @@ def main() -> int:
     say(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
         + ("  !! the machine is busy: timings will be noisy" if load[0] > 0.5 else ""))
 
-    files = plan_dataset(args.mb)
+    files = plan_dataset(args.mb, args.tree)
     total = sum(f.size for f in files)
     n_small = sum(f.path.startswith("small/") for f in files)
     n_medium = sum(f.path.startswith("medium/") for f in files)
     big = [f for f in files if f.multipart]
-    shape = (f"{len(files)} files, {total / 1e6:.1f} MB: {n_small} x 64 KiB, {n_medium} x 1 MiB, "
+    shape = (f"{len(files)} files, {total / 1e6:.1f} MB: {n_small} x {files[0].size // KIB} KiB, "
+             + (f"{n_medium} x 1 MiB, " if n_medium else "") +
              f"{len(big)} x ~{big[0].size / MIB:.0f} MiB (multipart)")
     timeout = 300 + total / 1e6  # a run far past this is a hang
 

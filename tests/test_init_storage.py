@@ -274,27 +274,83 @@ def test_large_objects_come_as_parallel_ranges_and_survive_faults(s3_server, buc
     assert len(ranges) >= 3  # several distinct byte ranges of one object
 
 
-def test_kill_9_during_ranged_download_then_rerun_fetches_only_missing_ranges(s3_server, bucket, fault_proxy, tmp_path):
-    _, objects = bucket
+@pytest.mark.parametrize("lanes, ranges_each", [(2, 1), (4, 2)])
+def test_large_objects_share_the_lanes_so_the_server_sees_at_most_concurrency_streams(
+        s3_server, fault_proxy, tmp_path, lanes, ranges_each):
+    """--concurrency is the number of parallel transfers, ranges included: two large objects on
+    two lanes come in one plain GET each (no Range: the request every server serves cheapest), on
+    four lanes in two ranges each. Each is still verified against its multipart ETag."""
+    name = s3_server.make_bucket(f"lanes-{lanes}")
+    objects = {f"data/big{i}.bin": os.urandom(11 * 1024 * 1024) for i in range(2)}
+    for key, data in objects.items():
+        s3_server.put_multipart(name, key, data)
+    proxy = fault_proxy(s3_server.endpoint)
+    out = tmp_path / "dataset"
+    env = {**s3_env(s3_server, proxy.endpoint), "STORAGE_URI": f"s3://{name}/data"}
+    result = init("dataset", env, out, *RANGED, "--concurrency", str(lanes))
+    assert result.returncode == 0, result.stderr
+    assert files_under(out) == {k.removeprefix("data/"): v for k, v in objects.items()}
+    for key in objects:
+        gets = [r for method, path, r in proxy.requests if method == "GET" and path.endswith(key)]
+        assert len(gets) == ranges_each, (key, gets)
+        assert (None in gets) == (ranges_each == 1), gets  # one range: a plain GET
+
+
+def _killed_with_ranges_done(s3_server, fault_proxy, out: Path):
+    """A download of big.bin in ranges, slowed, SIGKILLed once some ranges are recorded as done:
+    (the proxy, the path of big.bin's resume record)."""
     proxy = fault_proxy(s3_server.endpoint)
     proxy.inject("*/big.bin", "slow", times=1, method="GET", bytes_per_second=256 * 1024)
-    out = tmp_path / "dataset"
     env = clean_env(**s3_env(s3_server, proxy.endpoint))
     first = subprocess.Popen(launcher("init", "dataset", "--output", str(out), *RANGED), env=env, cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    meta = lambda: [json.loads(p.read_text()) for p in (out / ".trainer-launcher" / "parts").glob("*.part.json")] \
+    records = lambda: list((out / ".trainer-launcher" / "parts").glob("*.part.json")) \
         if (out / ".trainer-launcher" / "parts").exists() else []
-    wait_for(lambda: any(m.get("segments") for m in meta()), timeout=60, what="some finished ranges of big.bin")
+    wait_for(lambda: any(json.loads(p.read_text()).get("segments") for p in records()), timeout=60,
+             what="some finished ranges of big.bin")
     first.send_signal(signal.SIGKILL)
     first.wait(10)
-    finished = {o for m in meta() for o in m.get("segments", [])}
     assert not (out / "big.bin").exists()
+    [record] = [p for p in records() if json.loads(p.read_text()).get("segments")]
+    return proxy, record
+
+
+def test_kill_9_during_ranged_download_then_rerun_fetches_only_missing_ranges(s3_server, bucket, fault_proxy, tmp_path):
+    _, objects = bucket
+    out = tmp_path / "dataset"
+    proxy, record = _killed_with_ranges_done(s3_server, fault_proxy, out)
+    finished = set(json.loads(record.read_text())["segments"])
     before = len(proxy.requests)
     result = init("dataset", s3_env(s3_server, proxy.endpoint), out, *RANGED)
     assert result.returncode == 0, result.stderr
     assert files_under(out) == expected_s3(objects)
     refetched = [r for method, path, r in proxy.requests[before:] if method == "GET" and path.endswith("big.bin")]
     assert not any(r.startswith(f"bytes={o}-") for r in refetched for o in finished)  # done ranges not fetched again
+
+
+@pytest.mark.parametrize("tampered", ["digests-missing", "digests-wrong"])
+def test_a_resume_record_whose_part_digests_are_missing_or_wrong_still_ends_verified(
+        s3_server, bucket, fault_proxy, tmp_path, tampered):
+    """A multipart object's ranges are hashed as they arrive, and a done range keeps its parts'
+    md5s in the resume record. A record without them (an older launcher's) has those ranges
+    fetched again; one with wrong ones fails the file's check once, and the file comes again."""
+    _, objects = bucket
+    out = tmp_path / "dataset"
+    proxy, record = _killed_with_ranges_done(s3_server, fault_proxy, out)
+    kept = json.loads(record.read_text())
+    finished = set(kept["segments"])
+    if tampered == "digests-missing":
+        del kept["digests"]
+    else:
+        kept["digests"] = {offset: ["0" * 32] * len(parts) for offset, parts in kept["digests"].items()}
+    record.write_text(json.dumps(kept))
+    before = len(proxy.requests)
+    result = init("dataset", s3_env(s3_server, proxy.endpoint), out, *RANGED)
+    assert result.returncode == 0, result.stderr
+    assert files_under(out) == expected_s3(objects)
+    refetched = [r for method, path, r in proxy.requests[before:] if method == "GET" and path.endswith("big.bin")]
+    assert all(any(r.startswith(f"bytes={o}-") for r in refetched) for o in finished), (finished, refetched)
+    assert ("mismatch" in result.stderr) == (tampered == "digests-wrong"), result.stderr
 
 
 def test_a_long_download_logs_progress_every_few_seconds(s3_server, bucket, fault_proxy, tmp_path):

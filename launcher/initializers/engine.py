@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import stat
 import threading
 import time
@@ -36,6 +37,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
+from launcher.initializers.checksum import Checksum, multipart_etag
 from launcher.initializers.commit import Committer, Done
 from launcher.initializers.errors import CorruptDataError, TransientError, local_source_error
 from launcher.initializers.listing import RemoteFile, Source, refuse_clashes, safe_destination
@@ -56,41 +58,7 @@ class Summary:
     paths: list[str] = field(default_factory=list)
 
 
-class _Checksum:
-    """md5, sha256, git's blob sha1, or S3's multipart ETag (md5 of the parts' md5s, "-N")."""
-
-    def __init__(self, kind: str | None, size: int | None):
-        self.kind = kind
-        self._part_size = int(kind.split(":")[1]) if kind and kind.startswith("s3-multipart:") else 0
-        if self._part_size:
-            self._hash, self._part, self._filled, self._digests = None, hashlib.md5(), 0, []
-        elif kind == "git-sha1":
-            self._hash = hashlib.sha1(f"blob {size}\0".encode())
-        elif kind in ("md5", "sha256"):
-            self._hash = hashlib.new(kind)
-        else:
-            self._hash = None
-
-    def update(self, data: bytes) -> None:
-        if self._part_size:
-            view = memoryview(data)
-            while view:
-                take = min(len(view), self._part_size - self._filled)
-                self._part.update(view[:take])
-                self._filled += take
-                view = view[take:]
-                if self._filled == self._part_size:
-                    self._digests.append(self._part.digest())
-                    self._part, self._filled = hashlib.md5(), 0
-        elif self._hash is not None:
-            self._hash.update(data)
-
-    def hexdigest(self) -> str | None:
-        if self._part_size:
-            digests = self._digests + ([self._part.digest()] if self._filled else [])
-            return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
-        return self._hash.hexdigest() if self._hash is not None else None
-
+_MD5_HEX = re.compile(r"[0-9a-f]{32}")
 
 # The kernel declines to copy between these two files this way: try the next way.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ETXTBSY,
@@ -116,6 +84,7 @@ class Engine:
                  retries: int = 6, log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
                  ranged_min: int = 64 << 20):
         self.ranged_min = ranged_min  # files this big go as parallel byte ranges (if the source allows)
+        self._ranges_per_file = concurrency  # set by run(): the lanes the large files share
         self.source, self.target = source, target
         self.concurrency, self.chunk_size, self.retries = concurrency, chunk_size, retries
         self.log, self.sleep = log, sleep
@@ -174,7 +143,15 @@ class Engine:
         refuse_clashes(files)
         return destinations
 
+    def _ranged(self, file: RemoteFile) -> bool:
+        return file.size is not None and file.size >= self.ranged_min and self.source.supports_range
+
     def _run(self, todo, destinations, summary: Summary, total: int) -> Summary:
+        # The large files share the lanes: one file gets all of them, three get two each, eight or
+        # more get one each (a whole-object GET, resumable by range). Every range is one more
+        # request the server must seek for; a server that reads the whole object to serve a range
+        # (moto: an 8 MiB range of a 256 MiB object at 6% of a plain GET's rate) pays per range.
+        self._ranges_per_file = max(1, self.concurrency // max(1, sum(map(self._ranged, todo))))
         with Progress(len(todo), total, self.log) as progress, ThreadPoolExecutor(self.concurrency) as pool:
             futures = {pool.submit(self._fetch_with_retries, f, destinations[f.path], progress): f for f in todo}
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
@@ -236,37 +213,32 @@ class Engine:
             start, resumed, has_meta = self._copy_local(file, local, part, meta_path, meta if same_source else {},
                                                         progress)
             return self._commit(file, part, meta_path if has_meta or meta else None,
-                                _Checksum(None, file.size), start, destination, progress, resumed)
-        if file.size is not None and file.size >= self.ranged_min and self.source.supports_range:
-            resumed = self._fetch_ranges(file, part, meta_path, meta if same_source else {}, progress)
-            checksum = _Checksum(file.checksum[0] if file.checksum else None, file.size)
-            start = 0
-            with open_part(part, "rb") as written:  # ranges arrive out of order: hash in one pass
-                while block := written.read(1 << 20):
-                    checksum.update(block)
-                    start += len(block)
+                                None, start, destination, progress, resumed)
+        if self._ranged(file):
+            resumed, digest = self._fetch_ranges(file, part, meta_path, meta if same_source else {}, progress)
+            start = os.lstat(part).st_size
         else:
             start, checksum, resumed = self._fetch_stream(file, part, meta_path, same_source, progress)
+            digest = checksum.hexdigest()
         if file.size is not None and start != file.size:
             if start > file.size:
                 os.unlink(part)
             raise TransientError(f"got {start} of {file.size} bytes")
-        ranged = file.size is not None and file.size >= self.ranged_min and self.source.supports_range
-        wrote_meta = ranged or file.size is None or file.size > self.chunk_size  # as the fetches decide
-        return self._commit(file, part, meta_path if meta or wrote_meta else None, checksum, start,
+        wrote_meta = self._ranged(file) or file.size is None or file.size > self.chunk_size  # as the fetches decide
+        return self._commit(file, part, meta_path if meta or wrote_meta else None, digest, start,
                             destination, progress, resumed)
 
     def _fetch_stream(self, file: RemoteFile, part: str, meta_path: str, same_source: bool, progress: Progress):
         """One sequential stream, resumed from the end of a partial file of the same version."""
         start = 0
-        checksum = _Checksum(file.checksum[0] if file.checksum else None, file.size)
+        checksum = Checksum(file.checksum[0] if file.checksum else None, file.size)
         if same_source:
             with open_part(part, "rb") as existing:  # re-hash what is there: it must still verify
                 while block := existing.read(1 << 20):
                     checksum.update(block)
                     start += len(block)
             if file.size is not None and start > file.size:
-                start, checksum = 0, _Checksum(file.checksum[0] if file.checksum else None, file.size)
+                start, checksum = 0, Checksum(file.checksum[0] if file.checksum else None, file.size)
         elif file.size is None or file.size > self.chunk_size:  # worth resuming: remember the version
             write_json(meta_path, {"path": file.path, "version": file.version}, durable=False)
         resumed = start
@@ -283,25 +255,55 @@ class Engine:
                 raise
         return start, checksum, resumed
 
-    def _fetch_ranges(self, file: RemoteFile, part: str, meta_path: str, meta: dict, progress: Progress) -> int:
+    def _fetch_ranges(self, file: RemoteFile, part: str, meta_path: str, meta: dict,
+                      progress: Progress) -> tuple[int, str | None]:
         """Parallel byte ranges written in place; finished ranges are recorded, so a rerun after a
-        crash fetches only the ranges that were not complete."""
+        crash fetches only the ranges that were not complete. Returns (bytes resumed, the file's
+        digest in its checksum's kind).
+
+        A multipart checksum is computed while the bytes arrive: each range starts on a part
+        boundary and hashes its own parts (kept in the record with the range, for a resume), so
+        the file is never read again. Any other checksum is a single sequential hash: one pass
+        over the finished file."""
         size = file.size
-        segment = max(self.chunk_size, -(-size // self.concurrency))
-        done = set(meta.get("segments", [])) if meta.get("segment") == segment else set()
+        kind = file.checksum[0] if file.checksum else None
+        part_size = Checksum(kind, size).part_size
+        segment = max(self.chunk_size, -(-size // self._ranges_per_file))
+        if part_size:
+            segment = -(-segment // part_size) * part_size
+        began = meta.get("segment")
+        if type(began) is int and began >= self.chunk_size and not began % (part_size or 1):
+            segment = began  # a resume keeps the ranges it began with, whatever is left to fetch now
+        kept_segments = meta.get("segments")
+        done = {o for o in kept_segments if type(o) is int and 0 <= o < size and o % segment == 0} \
+            if isinstance(kept_segments, list) else set()
+        digests: dict[int, list[str]] = {}
+        if part_size and done:  # a range counts as done only with its parts' digests (the record is not trusted)
+            kept = meta.get("digests")
+            kept = kept if isinstance(kept, dict) else {}
+            for offset in done:
+                found, parts = kept.get(str(offset)), -(-(min(offset + segment, size) - offset) // part_size)
+                if isinstance(found, list) and len(found) == parts and all(_MD5_HEX.fullmatch(str(d)) for d in found):
+                    digests[offset] = found
+            done = set(digests)
         resumed = sum(min(segment, size - offset) for offset in done)
         if not done:
             with open_part(part, "wb") as out:
                 out.truncate(size)
         record = {"path": file.path, "version": file.version, "segment": segment, "segments": sorted(done)}
+        if part_size:
+            record["digests"] = {str(k): v for k, v in digests.items() if k in done}
         write_json(meta_path, record)
         lock = threading.Lock()
         fd = os.open(part, os.O_WRONLY | NO_LINK)
 
         def fetch(offset: int) -> None:
             position = offset
-            for chunk in self.source.read(file, offset, self.chunk_size, min(offset + segment, size)):
+            hashed = Checksum(kind if part_size else None, None)
+            end = offset + segment if offset + segment < size else None  # the last range: to the end (one: a plain GET)
+            for chunk in self.source.read(file, offset, self.chunk_size, end):
                 os.pwrite(fd, chunk, position)
+                hashed.update(chunk)
                 position += len(chunk)
                 progress.add(len(chunk))
             if position != min(offset + segment, size):
@@ -309,6 +311,9 @@ class Engine:
             with lock:
                 done.add(offset)
                 record["segments"] = sorted(done)
+                if part_size:
+                    digests[offset] = [d.hex() for d in hashed.part_digests()]
+                    record["digests"][str(offset)] = digests[offset]
                 write_json(meta_path, record)
 
         try:
@@ -321,12 +326,19 @@ class Engine:
             raise
         finally:
             os.close(fd)
-        return resumed
+        if part_size:
+            return resumed, multipart_etag([bytes.fromhex(d) for o in sorted(digests) for d in digests[o]])
+        if kind is None:
+            return resumed, None
+        checksum = Checksum(kind, size)
+        with open_part(part, "rb") as written:  # ranges arrive out of order: hash in one pass
+            while block := written.read(1 << 20):
+                checksum.update(block)
+        return resumed, checksum.hexdigest()
 
-    def _commit(self, file: RemoteFile, part: str, meta_path: str | None, checksum: _Checksum, start: int,
+    def _commit(self, file: RemoteFile, part: str, meta_path: str | None, digest: str | None, start: int,
                 destination: str, progress: Progress, resumed: int) -> int:
         """Verified: hand the part to the committer, which renames it once its bytes are durable."""
-        digest = checksum.hexdigest()
         if file.checksum and digest != file.checksum[1]:
             os.unlink(part)
             raise TransientError(f"{file.checksum[0]} mismatch: expected {file.checksum[1]}, got {digest}")
