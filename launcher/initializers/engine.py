@@ -60,6 +60,12 @@ class Summary:
 
 _MD5_HEX = re.compile(r"[0-9a-f]{32}")
 
+
+def _part_digests_fit(found, length: int, part_size: int) -> bool:
+    """A resume record's part digests for a range of ``length`` bytes: one md5 per part."""
+    return isinstance(found, list) and len(found) == -(-length // part_size) \
+        and all(_MD5_HEX.fullmatch(str(d)) for d in found)
+
 # The kernel declines to copy between these two files this way: try the next way.
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ETXTBSY,
                    errno.EBADF}
@@ -277,22 +283,17 @@ class Engine:
         kept_segments = meta.get("segments")
         done = {o for o in kept_segments if type(o) is int and 0 <= o < size and o % segment == 0} \
             if isinstance(kept_segments, list) else set()
-        digests: dict[int, list[str]] = {}
-        if part_size and done:  # a range counts as done only with its parts' digests (the record is not trusted)
-            kept = meta.get("digests")
-            kept = kept if isinstance(kept, dict) else {}
-            for offset in done:
-                found, parts = kept.get(str(offset)), -(-(min(offset + segment, size) - offset) // part_size)
-                if isinstance(found, list) and len(found) == parts and all(_MD5_HEX.fullmatch(str(d)) for d in found):
-                    digests[offset] = found
-            done = set(digests)
+        kept = meta.get("digests") if isinstance(meta.get("digests"), dict) else {}
+        if part_size:  # a range counts as done only with its parts' digests (the record is not trusted)
+            done = {offset for offset in done if _part_digests_fit(kept.get(str(offset)),
+                                                                   min(offset + segment, size) - offset, part_size)}
         resumed = sum(min(segment, size - offset) for offset in done)
         if not done:
             with open_part(part, "wb") as out:
                 out.truncate(size)
         record = {"path": file.path, "version": file.version, "segment": segment, "segments": sorted(done)}
         if part_size:
-            record["digests"] = {str(k): v for k, v in digests.items() if k in done}
+            record["digests"] = {str(offset): kept[str(offset)] for offset in done}
         write_json(meta_path, record)
         lock = threading.Lock()
         fd = os.open(part, os.O_WRONLY | NO_LINK)
@@ -312,8 +313,7 @@ class Engine:
                 done.add(offset)
                 record["segments"] = sorted(done)
                 if part_size:
-                    digests[offset] = [d.hex() for d in hashed.part_digests()]
-                    record["digests"][str(offset)] = digests[offset]
+                    record["digests"][str(offset)] = [d.hex() for d in hashed.part_digests()]
                 write_json(meta_path, record)
 
         try:
@@ -327,7 +327,7 @@ class Engine:
         finally:
             os.close(fd)
         if part_size:
-            return resumed, multipart_etag([bytes.fromhex(d) for o in sorted(digests) for d in digests[o]])
+            return resumed, multipart_etag([bytes.fromhex(d) for o in sorted(done) for d in record["digests"][str(o)]])
         if kind is None:
             return resumed, None
         checksum = Checksum(kind, size)
