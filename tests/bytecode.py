@@ -5,12 +5,13 @@ launcher, runner and rank the suite starts (thousands) would compile from source
 CPU each of a launcher's 0.4 (``python -m launcher torch --``, 5 runs each way). compileall writes
 them whatever the variable says; the processes only read them.
 
-- ``python -m tests.bytecode DIR...``: the test environment after ``pip install --no-compile``
-  (README's test command). pip compiles one file at a time: 68 s for .venv here, against 39 s
-  on both cores. A file written for another Python (torch ships one for 3.12) is left as source,
-  as pip leaves it. Compiling lazily instead (each process writing what it imports) was slower:
-  the ranks that run as another user (MPI over sshd: DeepSpeed, torch) cannot write into .venv
-  and compiled torch from source every time (CI: 18.5 min against 15).
+- ``python -m tests.bytecode DIR...``: the test environment once its packages are in, without
+  bytecode (tests/install.py, the README's test command, calls it). pip compiles one file at a
+  time: 68 s for .venv here, against 39 s on both cores. A file written for another Python
+  (torch ships one for 3.12) is left as source, as pip leaves it. Compiling lazily instead (each
+  process writing what it imports) was slower: the ranks that run as another user (MPI over
+  sshd: DeepSpeed, torch) cannot write into .venv and compiled torch from source every time
+  (CI: 18.5 min against 15).
 - As a pytest plugin: the launcher's package, once, before the tests start; and pytest's own
   process writes its bytecode, so the test modules' rewritten asserts are cached instead of being
   rewritten again in every worker (collecting the suite: 15.1 s before, 8.5 s after, each of the
