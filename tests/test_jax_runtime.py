@@ -21,7 +21,7 @@ from launcher.core.settings import LauncherSettings
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "runtimes" / "jax-distributed.yaml"
 EXAMPLE = ROOT / "examples" / "trainjob-jax.yaml"
-KUSTOMIZATION = ROOT / "runtimes" / "kustomization.yaml"
+KUSTOMIZATION = ROOT / "runtimes" / "kustomization.yml"
 IMAGE = "ghcr.io/trainer-launcher/trainer-launcher-jax"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINJOB_CRD = k8s_checks.CRD_DIR / "trainer.kubeflow.org_trainjobs.yaml"

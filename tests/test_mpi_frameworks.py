@@ -144,7 +144,7 @@ def test_images_are_the_framework_images_and_kustomize_lists_them():
     for name, (_, image) in FRAMEWORKS.items():
         for rjob in replicated_jobs(DOCS[name]).values():
             assert only_container(rjob)["image"] == f"{image}:{__version__}"
-    kustomization = _load(RUNTIMES / "kustomization.yaml")
+    kustomization = _load(RUNTIMES / "kustomization.yml")
     assert set(FRAMEWORKS) <= set(kustomization["resources"])
     tags = {entry["name"]: entry["newTag"] for entry in kustomization["images"]}
     assert all(tags[image] == __version__ for _, image in FRAMEWORKS.values())

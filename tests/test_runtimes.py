@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import shutil
 import signal
@@ -33,7 +34,7 @@ from launcher.mpi.settings import MpiSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIMES = ROOT / "runtimes"
-KUSTOMIZATION = RUNTIMES / "kustomization.yaml"
+KUSTOMIZATION = RUNTIMES / "kustomization.yml"
 REGISTRY = "ghcr.io/trainer-launcher/"
 TORCH_IMAGE = REGISTRY + "trainer-launcher-torch"
 MPI_IMAGES = {"openmpi": REGISTRY + "trainer-launcher-mpi-openmpi",
@@ -64,7 +65,7 @@ FRAMEWORK_OF = {
 FRAMEWORK_IMAGES = {"jax": REGISTRY + "trainer-launcher-jax", "xgboost": REGISTRY + "trainer-launcher-xgboost",
                     "deepspeed": REGISTRY + "trainer-launcher-deepspeed", "mlx": REGISTRY + "trainer-launcher-mlx",
                     "torchtune": REGISTRY + "trainer-launcher-torchtune"}
-RUNTIME_FILES = sorted(p for p in RUNTIMES.glob("*.yaml") if p.name != KUSTOMIZATION.name)
+RUNTIME_FILES = sorted(RUNTIMES.glob("*.yaml"))  # the kustomization is .yml
 DOCS = {p.name: _load(p) for p in RUNTIME_FILES}
 TORCH = {n: d for n, d in DOCS.items() if "torch" in d["spec"]["mlPolicy"]}
 MPI = {n: d for n, d in DOCS.items() if "mpi" in d["spec"]["mlPolicy"]}
@@ -104,6 +105,17 @@ def test_kustomization_lists_exactly_the_runtime_files():
     listed = _load(KUSTOMIZATION)["resources"]
     assert sorted(listed) == [p.name for p in RUNTIME_FILES]
     assert len(listed) == len(set(listed))
+
+
+def test_the_sdks_container_backend_pointed_at_runtimes_loads_each_runtime_without_a_warning(caplog):
+    """TrainingRuntimeSource(sources=["runtimes/"]) reads every *.yaml there as a runtime, on every
+    call; the kustomization (kustomization.yml) is not one of them."""
+    from kubeflow.trainer.backends.container.runtime_loader import list_training_runtimes_from_sources
+
+    caplog.set_level(logging.DEBUG, logger="kubeflow.trainer.backends.container.runtime_loader")
+    loaded = list_training_runtimes_from_sources([str(RUNTIMES)])
+    assert sorted(runtime.name for runtime in loaded) == sorted(doc["metadata"]["name"] for doc in DOCS.values())
+    assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
 
 
 def test_each_file_is_one_cluster_training_runtime_named_like_the_file():

@@ -12,7 +12,6 @@ Nothing is mocked but the cluster: podman stands in for Kubernetes (tests/contai
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import time
@@ -208,14 +207,11 @@ def runtime_image(engine, torch_image, podman_service) -> str:
 
 
 @pytest.fixture
-def sdk(podman_service, runtime_image, tmp_path, monkeypatch, caplog):
+def sdk(podman_service, runtime_image, tmp_path, monkeypatch):
     # The SDK keeps each job's /workspace under ~/.kubeflow/trainer/containers/<job>: here, not in /root.
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    # The loader reads every *.yaml in runtimes/, on every status poll, and warns each time that
-    # kustomization.yaml is no runtime: true, and harmless.
-    caplog.set_level(logging.ERROR, logger="kubeflow.trainer.backends.container.runtime_loader")
     sdk = Sdk(podman_service.url, dataset_initializer_image=runtime_image, model_initializer_image=runtime_image)
     yield sdk
     sdk.delete_all()

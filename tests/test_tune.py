@@ -501,7 +501,7 @@ def test_the_runtime_has_upstreams_shape_for_the_sdk_and_the_controller():
 
 
 def test_the_kustomization_ships_the_runtime_and_its_image():
-    kustomization = yaml.safe_load((REPO / "runtimes" / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((REPO / "runtimes" / "kustomization.yml").read_text())
     assert RUNTIME.name in kustomization["resources"]
     assert {"name": TUNE_IMAGE, "newTag": "0.1.0"} in kustomization["images"]
 

@@ -25,7 +25,7 @@ from launcher.core.settings import LauncherSettings
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "runtimes" / "xgboost-distributed.yaml"
 EXAMPLE = ROOT / "examples" / "trainjob-xgboost.yaml"
-KUSTOMIZATION = ROOT / "runtimes" / "kustomization.yaml"
+KUSTOMIZATION = ROOT / "runtimes" / "kustomization.yml"
 IMAGE = "ghcr.io/trainer-launcher/trainer-launcher-xgboost"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINJOB_CRD = k8s_checks.CRD_DIR / "trainer.kubeflow.org_trainjobs.yaml"
