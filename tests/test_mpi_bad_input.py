@@ -1,11 +1,13 @@
 """Malformed MPI input, through the real CLI.
 
-Each case runs ``python -m launcher plan --framework mpi ...`` (or ``mpi``, ``mpi --worker``) as a
-subprocess in a clean environment (no LAUNCHER_*, OMPI_*, PRTE_*, I_MPI_* or HYDRA_* from the
-caller) with its own hostfiles in ``tmp_path``, and checks what a user sees in the pod log: exit
-code 2, exactly one line on stderr naming the variable, flag or ``file:line`` and repeating the bad
-value, nothing on stdout, no traceback. ``--mpirun /bin/true --implementation mpich`` keeps the
-cases independent of any MPI installed here.
+Each case runs ``trainer-launcher plan --framework mpi ...`` in the test's own process (the ``cli``
+fixture: a few hundred milliseconds of interpreter start saved per case), or, where the command
+starts processes (``mpi``, ``mpi --worker``, a plan that asks mpirun what it is), as a real
+subprocess; either in a clean environment (no LAUNCHER_*, OMPI_*, PRTE_*, I_MPI_* or HYDRA_* from
+the caller) with its own hostfiles in ``tmp_path``. Each checks what a user sees in the pod log:
+exit code 2, exactly one line on stderr naming the variable, flag or ``file:line`` and repeating
+the bad value, nothing on stdout, no traceback. ``--mpirun /bin/true --implementation mpich``
+keeps the cases independent of any MPI installed here.
 """
 
 from __future__ import annotations
@@ -175,10 +177,29 @@ def launcher(args, env: dict[str, str], tmp_path: Path) -> subprocess.CompletedP
     )
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_bad_mpi_input_exits_2_with_one_line_naming_it(case: Case, workdir: Path):
-    result = launcher(case.args, case.env, workdir)
+def _in_process(case: Case) -> bool:
+    """``plan`` with ``MPICH`` (mpirun /bin/true, named mpich) starts nothing; ``mpi`` starts sshd or
+    mpirun once its input is good, and without MPICH the plan asks mpirun what it is."""
+    return case.args[0] == "plan" and all(arg in case.args for arg in MPICH)
 
+
+PLANS = [case for case in CASES if _in_process(case)]
+STARTS = [case for case in CASES if not _in_process(case)]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("case", PLANS, ids=[case.id for case in PLANS])
+def test_bad_mpi_input_exits_2_with_one_line_naming_it(case: Case, workdir: Path, cli):
+    result = cli([fill(arg, workdir) for arg in case.args], {k: fill(v, workdir) for k, v in case.env.items()})
+    _says_it_in_one_line(case, result, workdir)
+
+
+@pytest.mark.parametrize("case", STARTS, ids=[case.id for case in STARTS])
+def test_bad_mpi_input_to_a_command_that_starts_processes_exits_2_with_one_line_naming_it(case: Case, workdir: Path):
+    _says_it_in_one_line(case, launcher(case.args, case.env, workdir), workdir)
+
+
+def _says_it_in_one_line(case: Case, result: subprocess.CompletedProcess, workdir: Path) -> None:
     value = fill(case.value, workdir) if case.value is not None else None
     line = assert_one_line_naming(result, fill(case.names, workdir), value)
     if case.unset:
