@@ -72,7 +72,9 @@ def test_an_accelerate_below_the_range_is_refused_in_one_line_or_run_when_allowe
     _validate_launch_command; the gate refuses it first, unless the user allows untested versions."""
     python = ensure("accelerate-below-range-0.34.2").python
     program = tmp_path / "hello.py"
-    program.write_text("print('hello from', __import__('os').environ['RANK'])\n")
+    # One write per line: under PYTHONUNBUFFERED (set here) print() writes its pieces one by one,
+    # and the two ranks share the pipe ("hello fromhello from 1", caught once in CI).
+    program.write_text("import os, sys\nsys.stdout.write('hello from %s\\n' % os.environ['RANK'])\n")
     refused = subprocess.run([python, "-m", "launcher", "torch", "--accelerate", "--", str(program)],
                              env=clean_env(LAUNCHER_TERMINATION_LOG=str(tmp_path / "t.json")), capture_output=True,
                              text=True, timeout=120, check=False)
