@@ -30,21 +30,20 @@ def main(argv: list[str]) -> int:
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(python), "-m", "pip"]
-    if not _with_uv(venv, pip, requirements):
-        subprocess.run([*pip, "install", "-q", "--no-compile", *requirements], check=True)
+    if not _with_uv(python, requirements):
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-compile", *requirements], check=True)
     from tests import bytecode  # run from the checkout's root, as -m tests.install is
 
     return bytecode.main([str(venv)])
 
 
-def _with_uv(venv: Path, pip: list[str], requirements: list[str]) -> bool:
-    uv = venv / "bin" / "uv"
+def _with_uv(python: Path, requirements: list[str]) -> bool:
+    pip, uv = [str(python), "-m", "pip"], python.parent / "uv"
     if not uv.exists() and subprocess.run([*pip, "install", "-q", "uv"]).returncode != 0:
         return False
     args, env = uv_options(_pip_config(pip))
-    done = subprocess.run([str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *args,
-                           *requirements], env={**os.environ, **env})
+    done = subprocess.run([str(uv), "pip", "install", "-q", "--python", str(python), *args, *requirements],
+                          env={**os.environ, **env})
     if done.returncode != 0:
         print("tests.install: uv failed; installing with pip", file=sys.stderr)
     return done.returncode == 0
