@@ -41,7 +41,7 @@ def may_name_a_plugin(argv: list[str]) -> bool:
     """Whether this command line may name a plugged-in framework: its subcommand, its
     ``--framework``, or help that lists them. The launcher's own subcommands with its own
     frameworks never pay for reading the installed distributions."""
-    head = argv[:argv.index("--")] if "--" in argv else argv
+    head = argv[: argv.index("--")] if "--" in argv else argv
     own = {framework.name for framework in FRAMEWORKS}
     if not head or head[0] not in (*own, *_OWN_COMMANDS) or {"-h", "--help"} & set(head):
         return True
@@ -49,7 +49,7 @@ def may_name_a_plugin(argv: list[str]) -> bool:
         if word.startswith("--framework="):
             return word.partition("=")[2] not in own
         if word == "--framework":
-            return head[i + 1:i + 2] != [] and head[i + 1] not in own
+            return head[i + 1 : i + 2] != [] and head[i + 1] not in own
     return False
 
 
@@ -69,8 +69,12 @@ def _add_export_knobs(parser: argparse.ArgumentParser) -> None:
 
 def _add_framework_knobs(parser: argparse.ArgumentParser, command: ModuleType) -> None:
     if command.KNOBS:
-        _add_table(parser, f"{command.NAME} options (each also a LAUNCHER_* variable; flags win)", command.KNOBS,
-                   f"{command.NAME}_")
+        _add_table(
+            parser,
+            f"{command.NAME} options (each also a LAUNCHER_* variable; flags win)",
+            command.KNOBS,
+            f"{command.NAME}_",
+        )
 
 
 def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
@@ -87,29 +91,50 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
         _add_framework_knobs(sub, command)
 
     planned = [name for name, command in commands_by_name.items() if hasattr(command, "plan")]
-    plan = commands.add_parser("plan", help="print what would run, as JSON; no side effects",
-                               usage=f"trainer-launcher plan [--framework {{{','.join(planned)}}}] [OPTIONS] "
-                                     "[-- [FRAMEWORK FLAGS] [PROGRAM ...]]")
+    plan = commands.add_parser(
+        "plan",
+        help="print what would run, as JSON; no side effects",
+        usage=f"trainer-launcher plan [--framework {{{','.join(planned)}}}] [OPTIONS] "
+        "[-- [FRAMEWORK FLAGS] [PROGRAM ...]]",
+    )
     plan.add_argument("--framework", choices=planned, default=DEFAULT)
     _add_knobs(plan)
     _add_export_knobs(plan)
 
-    run = commands.add_parser("exec", help="run any command with the same supervision and exit codes",
-                              usage="trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
+    run = commands.add_parser(
+        "exec",
+        help="run any command with the same supervision and exit codes",
+        usage="trainer-launcher exec [OPTIONS] -- CMD [ARGS...]",
+    )
     _add_knobs(run)
     _add_export_knobs(run)
 
     emulated = [name for name, command in commands_by_name.items() if hasattr(command, "local")]
-    local = commands.add_parser("local", help="emulate an N-node TrainJob on this machine",
-                                usage="trainer-launcher local [--framework NAME] --nnodes N [--nproc-per-node P] "
-                                      "[OPTIONS] [--] PROGRAM [ARGS...]")
-    local.add_argument("--framework", choices=emulated, default=None, help=f"the TrainJob's framework (default {DEFAULT})")
+    local = commands.add_parser(
+        "local",
+        help="emulate an N-node TrainJob on this machine",
+        usage="trainer-launcher local [--framework NAME] --nnodes N [--nproc-per-node P] "
+        "[OPTIONS] [--] PROGRAM [ARGS...]",
+    )
+    local.add_argument(
+        "--framework", choices=emulated, default=None, help=f"the TrainJob's framework (default {DEFAULT})"
+    )
     local.add_argument("--nnodes", default="2", help="emulated nodes (default 2)")
-    local.add_argument("--nproc-per-node", default="1", help="processes per node: a count, auto, cpu or gpu (default 1)")
-    local.add_argument("--trainjob", default="local", help="the TrainJob name the pod names derive from (default local)")
-    local.add_argument("--master-port", default=None, help="the master (coordinator, tracker) port (default: a free port)")
-    local.add_argument("--isolation", choices=["auto", "namespaces", "none"], default="auto",
-                       help="per-node hostname and /etc/hosts in namespaces (auto: when root)")
+    local.add_argument(
+        "--nproc-per-node", default="1", help="processes per node: a count, auto, cpu or gpu (default 1)"
+    )
+    local.add_argument(
+        "--trainjob", default="local", help="the TrainJob name the pod names derive from (default local)"
+    )
+    local.add_argument(
+        "--master-port", default=None, help="the master (coordinator, tracker) port (default: a free port)"
+    )
+    local.add_argument(
+        "--isolation",
+        choices=["auto", "namespaces", "none"],
+        default="auto",
+        help="per-node hostname and /etc/hosts in namespaces (auto: when root)",
+    )
     for command in commands_by_name.values():  # a framework's own options of local, which pick it
         if hasattr(command, "add_local_options"):
             command.add_local_options(local)
@@ -123,25 +148,39 @@ def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
             command.add_shared_options(plan)
             command.add_shared_options(local)
 
-    init = commands.add_parser("init", help="dataset/model initializer: STORAGE_URI -> /workspace/{dataset,model}",
-                               usage="trainer-launcher init {dataset,model} [OPTIONS]")
+    init = commands.add_parser(
+        "init",
+        help="dataset/model initializer: STORAGE_URI -> /workspace/{dataset,model}",
+        usage="trainer-launcher init {dataset,model} [OPTIONS]",
+    )
     init.add_argument("kind", choices=["dataset", "model"])
     _add_table(init, "initializer options (each also a LAUNCHER_INIT_* variable; flags win)", INIT_KNOBS, "init_")
     _add_knobs(init)
 
-    policy = commands.add_parser("policy", help="print the runtimes' Job/JobSet failure policy derived from the exit-code table, as JSON",
-                                 usage="trainer-launcher policy [--job NAME] [--max-restarts N] [--retryable-exit-codes CODES]")
-    policy.add_argument("--job", default="node", choices=["node", "launcher", "dataset-initializer", "model-initializer"],
-                        help="the replicated job (default node)")
-    policy.add_argument("--max-restarts", type=int, default=None, metavar="N", help="JobSet restarts for retryable failures")
+    policy = commands.add_parser(
+        "policy",
+        help="print the runtimes' Job/JobSet failure policy derived from the exit-code table, as JSON",
+        usage="trainer-launcher policy [--job NAME] [--max-restarts N] [--retryable-exit-codes CODES]",
+    )
+    policy.add_argument(
+        "--job",
+        default="node",
+        choices=["node", "launcher", "dataset-initializer", "model-initializer"],
+        help="the replicated job (default node)",
+    )
+    policy.add_argument(
+        "--max-restarts", type=int, default=None, metavar="N", help="JobSet restarts for retryable failures"
+    )
     knob = KNOBS["retryable_exit_codes"]
     policy.add_argument(knob.flag, dest="retryable_exit_codes", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
 
-    smoke = commands.add_parser("smoke", help="preflight this node: CPU/GPU, shm, disk, DNS, gloo/NCCL, thresholds",
-                                usage="trainer-launcher smoke [--json] [--level quick|long] [THRESHOLDS] [OPTIONS]")
+    smoke = commands.add_parser(
+        "smoke",
+        help="preflight this node: CPU/GPU, shm, disk, DNS, gloo/NCCL, thresholds",
+        usage="trainer-launcher smoke [--json] [--level quick|long] [THRESHOLDS] [OPTIONS]",
+    )
     smoke.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
-    _add_table(smoke, "level and thresholds (each also a LAUNCHER_SMOKE_* variable; flags win)", NODE_KNOBS,
-               "smoke_")
+    _add_table(smoke, "level and thresholds (each also a LAUNCHER_SMOKE_* variable; flags win)", NODE_KNOBS, "smoke_")
     _add_knobs(smoke)
     return parser
 
@@ -169,7 +208,7 @@ def _split(argv: list[str], switches: frozenset[str] | None = None) -> tuple[lis
         switches = _switches(_parser(frameworks()))
     if "--" in argv:
         at = argv.index("--")
-        return argv[:at], argv[at + 1:]
+        return argv[:at], argv[at + 1 :]
     i = 2 if argv[:1] == ["init"] else 1  # init takes its kind (dataset/model) as a word
     while i < len(argv) and argv[i].startswith("-"):
         takes_value = argv[i] not in switches and "=" not in argv[i]
@@ -213,8 +252,11 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "plan":
         return commands[args.framework].plan(args, overrides, rest)
     if args.command == "local":
-        claimed = [name for name, command in commands.items()
-                   if hasattr(command, "claims_local") and command.claims_local(args)]
+        claimed = [
+            name
+            for name, command in commands.items()
+            if hasattr(command, "claims_local") and command.claims_local(args)
+        ]
         framework = args.framework or (claimed[0] if claimed else DEFAULT)
         return commands[framework].local(args, overrides, rest)
     if args.command == "exec":

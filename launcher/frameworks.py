@@ -49,8 +49,11 @@ class Framework(NamedTuple):
 
 
 FRAMEWORKS: tuple[Framework, ...] = (
-    Framework("torch", collective_frames=(r"distributed_c10d\.py", r"torch[/\\]distributed[/\\]"),
-              library_lines=("torch.distributed", "torch/csrc/")),
+    Framework(
+        "torch",
+        collective_frames=(r"distributed_c10d\.py", r"torch[/\\]distributed[/\\]"),
+        library_lines=("torch.distributed", "torch/csrc/"),
+    ),
     Framework("mpi", collective_frames=(r"mpi4py",)),
     Framework("jax", collective_frames=(r"multihost_utils\.py",)),
     Framework("xgboost", collective_frames=(r"[/\\]collective\.py",)),
@@ -91,5 +94,8 @@ def every() -> tuple[Framework, ...]:
 
 
 def _skip(where: str, why: str) -> None:
-    print(f"trainer-launcher: warning: framework plug-in {ENTRY_POINTS}={where} left out: {why}",
-          file=sys.stderr, flush=True)
+    print(
+        f"trainer-launcher: warning: framework plug-in {ENTRY_POINTS}={where} left out: {why}",
+        file=sys.stderr,
+        flush=True,
+    )

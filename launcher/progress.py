@@ -64,8 +64,7 @@ def _datagram(step, total, metrics: dict) -> bytes:
         text = _value(value)
         if text is not None:
             values[str(name)[:_MAX_TEXT]] = text
-    message = {"rank": _rank(), "step": _count(step), "total": _count(total), "metrics": values,
-               "time": _clock()}
+    message = {"rank": _rank(), "step": _count(step), "total": _count(total), "metrics": values, "time": _clock()}
     return _encode(message).encode("utf-8", "replace")
 
 
@@ -140,8 +139,9 @@ def _connect(path: str, state: tuple | None) -> tuple | None:
     import time
 
     if _GONE is None:
-        _GONE = frozenset((errno.ECONNREFUSED, errno.ENOENT, errno.ENOTCONN, errno.EPIPE,
-                           errno.ECONNRESET, errno.EBADF))
+        _GONE = frozenset(
+            (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTCONN, errno.EPIPE, errno.ECONNRESET, errno.EBADF)
+        )
         _monotonic = time.monotonic
     pid = os.getpid()
     if state is None or state[0] != pid or state[1] != path:

@@ -17,6 +17,7 @@ import traceback
 if __package__:
     from launcher.core.reasons import Reasons
 else:  # loaded by path in the user's interpreter (the runners): the table is our sibling
+
     def _sibling_reasons():
         import importlib.util
 
@@ -54,8 +55,11 @@ def crash_site(error: BaseException) -> str | None:
     frame = ([f for f in frames if _ours(f.filename)] or frames or [None])[-1]
     if frame is None:
         return None
-    shown = os.path.relpath(os.path.abspath(frame.filename), os.path.dirname(_PACKAGE)) \
-        if _ours(frame.filename) else frame.filename
+    shown = (
+        os.path.relpath(os.path.abspath(frame.filename), os.path.dirname(_PACKAGE))
+        if _ours(frame.filename)
+        else frame.filename
+    )
     return f"{shown}:{frame.lineno} in {frame.name}"
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.core.outcome import ConfigError
+import contextlib
 
 _NVIDIA_DEVICE = re.compile(r"^nvidia\d+$")
 _NEURON_DEVICE = re.compile(r"^neuron(\d+)$")
@@ -109,14 +110,16 @@ def visible_gpu_count(
     return count
 
 
-def nvidia_accelerators(cuda_visible_devices: str | None, nvidia_visible_devices: str | None,
-                        dev_root: str | Path = "/dev") -> Accelerators | None:
+def nvidia_accelerators(
+    cuda_visible_devices: str | None, nvidia_visible_devices: str | None, dev_root: str | Path = "/dev"
+) -> Accelerators | None:
     count = visible_gpu_count(cuda_visible_devices, nvidia_visible_devices, dev_root)
     if not count:
         return None
     mig = any(item.upper().startswith("MIG-") for item in (nvidia_visible_devices or "").split(","))
-    return Accelerators("NVIDIA MIG device" if mig else "NVIDIA GPU", count,
-                        "NVIDIA_VISIBLE_DEVICES" if mig else "/dev/nvidiaN")
+    return Accelerators(
+        "NVIDIA MIG device" if mig else "NVIDIA GPU", count, "NVIDIA_VISIBLE_DEVICES" if mig else "/dev/nvidiaN"
+    )
 
 
 def _indices(value: str) -> list[int] | None:
@@ -151,17 +154,31 @@ def neuron_accelerators(
         return None
     if visible_cores and (cores := _indices(visible_cores)) is not None:
         return Accelerators("Neuron core", len(cores), f"NEURON_RT_VISIBLE_CORES={visible_cores}")
-    if visible_devices and visible_devices.strip().lower() != "all" and (named := _indices(visible_devices)) is not None:
+    if (
+        visible_devices
+        and visible_devices.strip().lower() != "all"
+        and (named := _indices(visible_devices)) is not None
+    ):
         devices = [index for index in devices if index in named]
         if not devices:
             return None
-    counts = [_read(Path(sys_root) / "devices/virtual/neuron_device" / f"neuron{index}" / "core_count") for index in devices]
+    counts = [
+        _read(Path(sys_root) / "devices/virtual/neuron_device" / f"neuron{index}" / "core_count") for index in devices
+    ]
     if not all(count and count.isdigit() for count in counts):
         return Accelerators("Neuron core", None, f"{len(devices)} /dev/neuronN devices, core count unreadable")
-    fused = int(logical_nc_config) if logical_nc_config and logical_nc_config.strip().isdigit() and int(logical_nc_config) > 0 else 1
+    fused = (
+        int(logical_nc_config)
+        if logical_nc_config and logical_nc_config.strip().isdigit() and int(logical_nc_config) > 0
+        else 1
+    )
     total = sum(int(count) for count in counts) // fused
-    return Accelerators("Neuron core", total, f"{len(devices)} /dev/neuronN devices x sysfs core_count"
-                                              + (f" / NEURON_LOGICAL_NC_CONFIG={fused}" if fused > 1 else ""))
+    return Accelerators(
+        "Neuron core",
+        total,
+        f"{len(devices)} /dev/neuronN devices x sysfs core_count"
+        + (f" / NEURON_LOGICAL_NC_CONFIG={fused}" if fused > 1 else ""),
+    )
 
 
 def gaudi_accelerators(visible_devices: str | None, dev_root: str | Path = "/dev") -> Accelerators | None:
@@ -171,10 +188,8 @@ def gaudi_accelerators(visible_devices: str | None, dev_root: str | Path = "/dev
     root = Path(dev_root)
     count = 0
     for directory, pattern in ((root / "accel", _GAUDI_DEVICE), (root, _GAUDI_LEGACY_DEVICE)):
-        try:
+        with contextlib.suppress(OSError):
             count = count or sum(1 for name in os.listdir(directory) if pattern.match(name))
-        except OSError:
-            pass
     if not count:
         return None
     how = "/dev/accel/accelN"
@@ -267,8 +282,9 @@ def probe_host(host_env) -> HostFacts:
         cpu_affinity=cpu_affinity(),
         omp_num_threads_set=bool(host_env.omp_num_threads),
         accelerators=nvidia
-        or neuron_accelerators(host_env.neuron_rt_visible_cores, host_env.aws_neuron_visible_devices,
-                               host_env.neuron_logical_nc_config)
+        or neuron_accelerators(
+            host_env.neuron_rt_visible_cores, host_env.aws_neuron_visible_devices, host_env.neuron_logical_nc_config
+        )
         or gaudi_accelerators(host_env.habana_visible_devices),
     )
 
@@ -281,10 +297,15 @@ def resolve_nproc(requested: str | int, host: HostFacts, source: str) -> tuple[i
         return requested, source if source.startswith(("PET_", "-")) else "default"
     accelerators = host.accelerator
     if requested == "auto" and accelerators is not None and accelerators.count:
-        return accelerators.count, f"{source}=auto: {accelerators.count} visible {accelerators.kind}s ({accelerators.how})"
+        return (
+            accelerators.count,
+            f"{source}=auto: {accelerators.count} visible {accelerators.kind}s ({accelerators.how})",
+        )
     if requested == "gpu" and host.gpu_count > 0:
         return host.gpu_count, f"{source}={requested}: {host.gpu_count} visible GPUs"
     if requested == "gpu":
-        raise ConfigError(source, requested, "at least one visible GPU (found no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them)")
+        raise ConfigError(
+            source, requested, "at least one visible GPU (found no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them)"
+        )
     how = f"CPU quota {host.cpus:g}" if host.cpu_quota is not None else f"{host.cpu_affinity} CPUs"
     return host.whole_cpus, f"{source}={requested}: {how}"

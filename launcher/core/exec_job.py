@@ -8,14 +8,23 @@ import socket
 
 from launcher.core import lifecycle, settings
 from launcher.core.outcome import (
-    ConfigError, Outcome, RootCause, classify, code_for, last_lines, signal_name, success, terminated,
+    ConfigError,
+    Outcome,
+    RootCause,
+    classify,
+    code_for,
+    last_lines,
+    signal_name,
+    success,
+    terminated,
 )
 from launcher.core.settings import Override
 from launcher.core.supervisor import Child
 
 
-def run_exec(launcher_overrides: dict[str, Override], command: list[str],
-             export: lifecycle.Export | None = None) -> int:
+def run_exec(
+    launcher_overrides: dict[str, Override], command: list[str], export: lifecycle.Export | None = None
+) -> int:
     return lifecycle.live(CommandPod(command), launcher_overrides, export=export)
 
 
@@ -32,11 +41,16 @@ class CommandPod(lifecycle.Pod):
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
         if not self.command:
-            raise ConfigError("CMD", None, "a command after the options: trainer-launcher exec [OPTIONS] -- CMD [ARGS...]")
+            raise ConfigError(
+                "CMD", None, "a command after the options: trainer-launcher exec [OPTIONS] -- CMD [ARGS...]"
+            )
         return lifecycle.Planned(None, node_name(), "")
 
     def go(self, life: lifecycle.Life) -> None:
-        env = {**(self.env if self.env is not None else settings.environ()), settings.HANDOFF: life.path("outcome.json")}
+        env = {
+            **(self.env if self.env is not None else settings.environ()),
+            settings.HANDOFF: life.path("outcome.json"),
+        }
         if life.watched:
             # Its variables first in order (MPICH's mpiexec may drop the last one), and theirs in value.
             env = {**life.watched, **env}
@@ -64,14 +78,23 @@ class CommandPod(lifecycle.Pod):
             return success()
         host = settings.load(settings.HostEnv)
         rank = int(host.rank) if host.rank and host.rank.isdigit() else None
-        cause = RootCause(node=node, rank=rank, exit_code=child.returncode if child.returncode > 0 else None,
-                          signal=None if child.returncode >= 0 else signal_name(-child.returncode))
+        cause = RootCause(
+            node=node,
+            rank=rank,
+            exit_code=child.returncode if child.returncode > 0 else None,
+            signal=None if child.returncode >= 0 else signal_name(-child.returncode),
+        )
         what = f"{self.command[0]} on {node}"
         cause = self.root_cause(child, cause)
         if cause.rank is not None and cause.rank != rank:
             what = f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
-        outcome = classify(child.returncode, retryable_codes=life.launcher.retryable_exit_codes,
-                           evidence=child.evidence, root_cause=cause, what=what)
+        outcome = classify(
+            child.returncode,
+            retryable_codes=life.launcher.retryable_exit_codes,
+            evidence=child.evidence,
+            root_cause=cause,
+            what=what,
+        )
         return outcome.with_extra(**last_lines(child.tail))
 
 

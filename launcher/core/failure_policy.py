@@ -99,16 +99,17 @@ def jobset_failure_policy(max_restarts: int = MAX_RESTARTS) -> dict:
     return {
         "maxRestarts": max_restarts,
         "rules": [
-            {"name": "PermanentExitCode", "action": "FailJobSet",
-             "onJobFailureReasons": [REASON_POD_FAILURE_POLICY]},
-            {"name": "RetryableFailure", "action": "RestartJobSet",
-             "onJobFailureReasons": [REASON_BACKOFF_LIMIT]},
+            {"name": "PermanentExitCode", "action": "FailJobSet", "onJobFailureReasons": [REASON_POD_FAILURE_POLICY]},
+            {"name": "RetryableFailure", "action": "RestartJobSet", "onJobFailureReasons": [REASON_BACKOFF_LIMIT]},
         ],
     }
 
 
-def policy(replicated_job: str = "node", retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES,
-           max_restarts: int = MAX_RESTARTS) -> dict:
+def policy(
+    replicated_job: str = "node",
+    retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES,
+    max_restarts: int = MAX_RESTARTS,
+) -> dict:
     """Everything a runtime needs for one replicated job, as ``trainer-launcher policy`` prints it."""
     return {
         "replicatedJob": replicated_job,

@@ -27,12 +27,21 @@ class NodeOutcome:
 
 def root_cause(nodes: list[NodeOutcome]) -> NodeOutcome | None:
     """The node that failed on its own first, or None if none did."""
-    failed = [n for n in nodes
-              if n.outcome is not None and n.outcome.exit_code != 0 and n.outcome.reason not in SECONDARY_REASONS]
+    failed = [
+        n
+        for n in nodes
+        if n.outcome is not None and n.outcome.exit_code != 0 and n.outcome.reason not in SECONDARY_REASONS
+    ]
     if not failed:
         return None
-    return min(failed, key=lambda n: (bool(PEER_LOSS_PATTERN.search(n.outcome.evidence or "")),
-                                      math.inf if n.failed_at is None else n.failed_at, n.node_rank))
+    return min(
+        failed,
+        key=lambda n: (
+            bool(PEER_LOSS_PATTERN.search(n.outcome.evidence or "")),
+            math.inf if n.failed_at is None else n.failed_at,
+            n.node_rank,
+        ),
+    )
 
 
 def job_outcome(own: Outcome, node_rank: int, node: str, nodes: list[NodeOutcome]) -> Outcome:

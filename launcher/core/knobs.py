@@ -24,48 +24,71 @@ class Knob(NamedTuple):
 
 KNOBS: dict[str, Knob] = {
     "rendezvous_timeout": Knob(
-        "LAUNCHER_RENDEZVOUS_TIMEOUT", "--rendezvous-timeout",
-        "how long to wait for the master's DNS name and port before failing retryably (138); default 600s"),
+        "LAUNCHER_RENDEZVOUS_TIMEOUT",
+        "--rendezvous-timeout",
+        "how long to wait for the master's DNS name and port before failing retryably (138); default 600s",
+    ),
     "grace_period": Knob(
-        "LAUNCHER_GRACE_PERIOD", "--grace-period",
-        "on teardown, SIGTERM-to-SIGKILL grace; keep it below terminationGracePeriodSeconds; default 25s"),
+        "LAUNCHER_GRACE_PERIOD",
+        "--grace-period",
+        "on teardown, SIGTERM-to-SIGKILL grace; keep it below terminationGracePeriodSeconds; default 25s",
+    ),
     "termination_log": Knob(
-        "LAUNCHER_TERMINATION_LOG", "--termination-log",
-        "where to write the JSON termination message; default /dev/termination-log when it exists"),
+        "LAUNCHER_TERMINATION_LOG",
+        "--termination-log",
+        "where to write the JSON termination message; default /dev/termination-log when it exists",
+    ),
     "retryable_exit_codes": Knob(
-        "LAUNCHER_RETRYABLE_EXIT_CODES", "--retryable-exit-codes",
-        "exit codes that are retryable; default 130,137,138,143"),
+        "LAUNCHER_RETRYABLE_EXIT_CODES",
+        "--retryable-exit-codes",
+        "exit codes that are retryable; default 130,137,138,143",
+    ),
     "retryable_pattern": Knob(
-        "LAUNCHER_RETRYABLE_PATTERN", "--retryable-pattern",
-        "a regex: failures whose output matches it (or the built-in NCCL/ECC/Xid patterns) exit 138"),
+        "LAUNCHER_RETRYABLE_PATTERN",
+        "--retryable-pattern",
+        "a regex: failures whose output matches it (or the built-in NCCL/ECC/Xid patterns) exit 138",
+    ),
     "log_format": Knob("LAUNCHER_LOG_FORMAT", "--log-format", "the launcher's own log lines: text or json"),
     "keep_nproc": Knob(
-        "LAUNCHER_KEEP_NPROC", "--keep-nproc",
+        "LAUNCHER_KEEP_NPROC",
+        "--keep-nproc",
         "1: run PET_NPROC_PER_NODE processes even when fewer accelerators are visible; "
-        "default 0: one process per visible accelerator"),
+        "default 0: one process per visible accelerator",
+    ),
     "allow_untested_versions": Knob(
-        "LAUNCHER_ALLOW_UNTESTED_VERSIONS", "--allow-untested-versions",
+        "LAUNCHER_ALLOW_UNTESTED_VERSIONS",
+        "--allow-untested-versions",
         "1: run a framework's library or a Python outside the supported range (one warning); "
-        "default 0: refuse it at start (exit 2)"),
+        "default 0: refuse it at start (exit 2)",
+    ),
     "hang_timeout": Knob(
-        "LAUNCHER_HANG_TIMEOUT", "--hang-timeout",
+        "LAUNCHER_HANG_TIMEOUT",
+        "--hang-timeout",
         "end the job as a retryable Hang (138), with every rank's Python stack, when no progress "
-        "is seen for this long after the first progress; default 0: off"),
+        "is seen for this long after the first progress; default 0: off",
+    ),
     "hang_startup": Knob(
-        "LAUNCHER_HANG_STARTUP", "--hang-startup",
-        "with --hang-timeout: how long the job may run before its first progress; default 0: no limit"),
+        "LAUNCHER_HANG_STARTUP",
+        "--hang-startup",
+        "with --hang-timeout: how long the job may run before its first progress; default 0: no limit",
+    ),
     "progress_regex": Knob(
-        "LAUNCHER_PROGRESS_REGEX", "--progress-regex",
-        "a regex for your program's progress lines: named groups step and total, any other named "
-        "group is a metric"),
+        "LAUNCHER_PROGRESS_REGEX",
+        "--progress-regex",
+        "a regex for your program's progress lines: named groups step and total, any other named group is a metric",
+    ),
     "progress_file": Knob(
-        "LAUNCHER_PROGRESS_FILE", "--progress-file",
-        "a JSON-lines file your program appends progress to ({\"step\": 10, \"total\": 100, \"loss\": 0.3}); "
-        "default: a file the launcher names in the ranks' LAUNCHER_PROGRESS_FILE"),
+        "LAUNCHER_PROGRESS_FILE",
+        "--progress-file",
+        'a JSON-lines file your program appends progress to ({"step": 10, "total": 100, "loss": 0.3}); '
+        "default: a file the launcher names in the ranks' LAUNCHER_PROGRESS_FILE",
+    ),
     "status_report": Knob(
-        "LAUNCHER_STATUS_REPORT", "--status-report",
+        "LAUNCHER_STATUS_REPORT",
+        "--status-report",
         "auto: report progress, metrics and the outcome to Trainer's status server when "
-        "KUBEFLOW_TRAINER_SERVER_URL is set; off: leave it to the program"),
+        "KUBEFLOW_TRAINER_SERVER_URL is set; off: leave it to the program",
+    ),
 }
 
 

@@ -19,8 +19,9 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from launcher.core.supervisor import Child, Interrupted, Supervisor
 
@@ -175,9 +176,15 @@ class Life:
         self._pipes.append(pipe)
         return pipe
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None,
-              pipes: tuple[GoPipe | Listen, ...] = (), keep: tuple[GoPipe | Listen, ...] = (),
-              transform: Callable[[str], str] | None = None) -> Child:
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        pipes: tuple[GoPipe | Listen, ...] = (),
+        keep: tuple[GoPipe | Listen, ...] = (),
+        transform: Callable[[str], str] | None = None,
+    ) -> Child:
         """Start ``argv`` under the supervisor with ``pipes`` (and ``keep``) as its own; ``pipes``
         are handed over, ``keep`` stay ours to pass to more children."""
         fds = tuple(pipe.child_fd for pipe in (*pipes, *keep))
@@ -256,8 +263,12 @@ class Pod:
         return own
 
 
-def live(pod: Pod, launcher_overrides: dict[str, Override], start_watch: StartWatch | None = None,
-         export: Export | None = None) -> int:
+def live(
+    pod: Pod,
+    launcher_overrides: dict[str, Override],
+    start_watch: StartWatch | None = None,
+    export: Export | None = None,
+) -> int:
     """Walk ``pod`` through its life; deliver its outcome; return the exit code."""
     with Supervisor() as supervisor:
         life = Life(supervisor, pod.name, launcher_overrides)
@@ -271,8 +282,9 @@ def live(pod: Pod, launcher_overrides: dict[str, Override], start_watch: StartWa
             life.close()
 
 
-def _walk(pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWatch | None,
-          export: Export | None) -> Outcome:
+def _walk(
+    pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWatch | None, export: Export | None
+) -> Outcome:
     from launcher.core import log
     from launcher.core.outcome import LauncherError, evidence_regex
 

@@ -55,7 +55,7 @@ class TokenListener:
         while not self._closed.is_set():
             try:
                 connection, _ = self._server.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -63,8 +63,9 @@ class TokenListener:
                 connection.close()  # a flood: serve the connections already here first
                 continue
             try:
-                threading.Thread(target=self._handle, args=(connection,), daemon=True,
-                                 name=f"{self._thread.name}-peer").start()
+                threading.Thread(
+                    target=self._handle, args=(connection,), daemon=True, name=f"{self._thread.name}-peer"
+                ).start()
             except RuntimeError:  # no thread to be had
                 self._pending.release()
                 connection.close()

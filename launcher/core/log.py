@@ -19,8 +19,13 @@ def configure(log_format: str) -> None:
 
 def _emit(level: str, message: str, fields: dict) -> None:
     if _format == "json":
-        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": level,
-                  "logger": "trainer-launcher", "msg": message, **fields}
+        record = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "level": level,
+            "logger": "trainer-launcher",
+            "msg": message,
+            **fields,
+        }
         line = json.dumps(record, default=str)
     else:
         line = f"trainer-launcher: {level + ': ' if level != 'info' else ''}{message}"

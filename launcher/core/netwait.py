@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 import socket
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from launcher.core.outcome import WaitTimeout
 
@@ -56,8 +57,14 @@ def wait_until_accepts(host: str, port: int, deadline: float, sleep: Sleep = tim
         timeout = max(0.1, min(2.0, deadline - time.monotonic()))
         socket.create_connection((host, port), timeout=timeout).close()
 
-    _until(connect, f"{host}:{port} to accept connections", f"{host}:{port} never accepted a connection",
-           deadline, sleep, log)
+    _until(
+        connect,
+        f"{host}:{port} to accept connections",
+        f"{host}:{port} never accepted a connection",
+        deadline,
+        sleep,
+        log,
+    )
 
 
 def _knock(host: str, port: int, timeout: float) -> None:
@@ -72,7 +79,9 @@ def _knock(host: str, port: int, timeout: float) -> None:
             pass  # a server that waits for us to speak first is up all the same
 
 
-def wait_until_hosts_accept(hosts: tuple[str, ...], port: int, deadline: float, sleep: Sleep = time.sleep, log=None) -> None:
+def wait_until_hosts_accept(
+    hosts: tuple[str, ...], port: int, deadline: float, sleep: Sleep = time.sleep, log=None
+) -> None:
     """Every host resolves and accepts TCP on ``port``; WaitTimeout naming those that never did."""
     pending = list(hosts)
     tries = 0
@@ -87,10 +96,14 @@ def wait_until_hosts_accept(hosts: tuple[str, ...], port: int, deadline: float, 
         if not pending:
             return
         if tries == 0 and log:
-            log(f"waiting for {len(pending)} of {len(hosts)} hosts to accept ssh on port {port}: "
-                + ", ".join(f"{h} ({reasons[h]})" for h in pending[:5]))
+            log(
+                f"waiting for {len(pending)} of {len(hosts)} hosts to accept ssh on port {port}: "
+                + ", ".join(f"{h} ({reasons[h]})" for h in pending[:5])
+            )
         if time.monotonic() >= deadline:
-            raise WaitTimeout(f"{len(pending)} of {len(hosts)} hosts never accepted ssh on port {port}: "
-                              + ", ".join(f"{h} ({reasons[h]})" for h in pending[:20]))
+            raise WaitTimeout(
+                f"{len(pending)} of {len(hosts)} hosts never accepted ssh on port {port}: "
+                + ", ".join(f"{h} ({reasons[h]})" for h in pending[:20])
+            )
         sleep(min(_backoff(tries), max(0.0, deadline - time.monotonic())))
         tries += 1

@@ -20,11 +20,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from launcher.core.crash import crash_site, describe
+
 # The codes, the retryable set and its one decision live with the table; importable from here too.
 from launcher.core.reasons import (  # noqa: F401
-    COMMAND_NOT_FOUND, CONFIG_ERROR, DEFAULT_RETRYABLE_EXIT_CODES, INTERNAL_ERROR, NOT_EXECUTABLE, PEER_LOSS_WORDS,
-    SUCCESS, TRANSIENT, Reason, Reasons, is_retryable,
+    COMMAND_NOT_FOUND,
+    CONFIG_ERROR,
+    DEFAULT_RETRYABLE_EXIT_CODES,
+    INTERNAL_ERROR,
+    NOT_EXECUTABLE,
+    PEER_LOSS_WORDS,
+    SUCCESS,
+    TRANSIENT,
+    Reason,
+    Reasons,
+    is_retryable,
 )
+
 # Killed by these, a rank crashed on its own (permanent under the default set), unless its output
 # shows a hardware fault.
 LAST_LINES = 5  # of a failed child's output, in its outcome
@@ -141,8 +152,16 @@ class Outcome:
     said: bool = field(default=False, compare=False)  # a nested launcher already logged it
 
     @classmethod
-    def of(cls, reason: Reason, message: str, root_cause: RootCause | None = None, evidence: str | None = None,
-           extra: dict | None = None, *, exit_code: int | None = None) -> Outcome:
+    def of(
+        cls,
+        reason: Reason,
+        message: str,
+        root_cause: RootCause | None = None,
+        evidence: str | None = None,
+        extra: dict | None = None,
+        *,
+        exit_code: int | None = None,
+    ) -> Outcome:
         """The one way an outcome is made: the reason gives the exit code, or, where its rule
         does (the program's code, 128+signal, the root cause's), checks nothing and takes
         ``exit_code``."""
@@ -247,8 +266,9 @@ def classify(
     if code == SUCCESS:
         return Outcome.of(Reasons.SUCCEEDED, f"{what} succeeded", root_cause)
     if evidence:
-        return Outcome.of(Reasons.NODE_FAULT, f"{what} {how}; its output shows a node or network fault",
-                          root_cause, evidence)
+        return Outcome.of(
+            Reasons.NODE_FAULT, f"{what} {how}; its output shows a node or network fault", root_cause, evidence
+        )
     if sig in CRASH_SIGNALS:
         reason = Reasons.CRASHED
     elif code in retryable_codes:
@@ -260,7 +280,9 @@ def classify(
 
 # What a native abort prints that tells nobody anything at a glance: C++ stack frames (c10's
 # "frame #3: ..." and its header, absl's "@ 0x7f...") and blank lines.
-_NATIVE_NOISE = re.compile(r"^\s*(?:frame #\d+: |@\s+0x[0-9a-f]+\s|Exception raised from .* \(most recent call first\):$|$)")
+_NATIVE_NOISE = re.compile(
+    r"^\s*(?:frame #\d+: |@\s+0x[0-9a-f]+\s|Exception raised from .* \(most recent call first\):$|$)"
+)
 # The exception a C++ runtime aborted on: "terminate called after throwing an instance of 'X'"
 # then "  what():  <its message>" (an NCCL watchdog on a CUDA error, for one).
 _ABORTED_ON = re.compile(r"^\s*what\(\):\s+(.+)$")
@@ -294,15 +316,19 @@ def internal_error(error: BaseException | str, where: str | None = None, node: s
         error = describe(error)
     on = f" on {node}" if node else ""
     at = f" at {where}" if where else ""
-    return Outcome.of(Reasons.LAUNCHER_ERROR,
-                      f"trainer-launcher {__version__} failed{on} (a bug in the launcher, not your program): "
-                      f"{_shorten(str(error), 500)}{at}", RootCause(node=node) if node else None)
+    return Outcome.of(
+        Reasons.LAUNCHER_ERROR,
+        f"trainer-launcher {__version__} failed{on} (a bug in the launcher, not your program): "
+        f"{_shorten(str(error), 500)}{at}",
+        RootCause(node=node) if node else None,
+    )
 
 
 def terminated(signum: int) -> Outcome:
     """The launcher was asked to stop (pod deletion, Ctrl-C) and tore the job down: 128+signal."""
-    return Outcome.of(Reasons.TERMINATED, f"the launcher received {signal_name(signum)} and stopped the job",
-                      exit_code=128 + signum)
+    return Outcome.of(
+        Reasons.TERMINATED, f"the launcher received {signal_name(signum)} and stopped the job", exit_code=128 + signum
+    )
 
 
 def success() -> Outcome:
@@ -315,5 +341,9 @@ def stopped_by(root: Outcome, node: str) -> Outcome:
     own reason (the TrainJob's status shows that one)."""
     cause = root.extra.get("causeReason", root.reason) if root.reason == Reasons.PEER_FAILED else root.reason
     # Everything of the root's (its code too: PeerFailed's rule) but the reason, the message, causeReason.
-    return replace(root, reason=Reasons.PEER_FAILED, message=f"{root.message}; {node} stopped its ranks because of it",
-                   extra={**root.extra, "causeReason": cause})
+    return replace(
+        root,
+        reason=Reasons.PEER_FAILED,
+        message=f"{root.message}; {node} stopped its ranks because of it",
+        extra={**root.extra, "causeReason": cause},
+    )

@@ -60,15 +60,20 @@ def parse(argv: list[str] | tuple[str, ...]) -> PythonCommand | None:
         while j < len(word):
             letter = word[j]
             if letter in "cm":
-                value = word[j + 1:]
+                value = word[j + 1 :]
                 if value:
-                    rest = argv[i + 1:]
+                    rest = argv[i + 1 :]
                 elif i + 1 < len(argv):
-                    value, rest = argv[i + 1], argv[i + 2:]
+                    value, rest = argv[i + 1], argv[i + 2 :]
                 else:
                     return None
-                return PythonCommand(argv[0], tuple(argv[1:i]) + ((word[:j],) if j > 1 else ()),
-                                     "code" if letter == "c" else "module", value, tuple(rest))
+                return PythonCommand(
+                    argv[0],
+                    tuple(argv[1:i]) + ((word[:j],) if j > 1 else ()),
+                    "code" if letter == "c" else "module",
+                    value,
+                    tuple(rest),
+                )
             if letter in _WITH_VALUE:
                 if j + 1 == len(word):
                     i += 1  # the value is the next word
@@ -80,4 +85,4 @@ def parse(argv: list[str] | tuple[str, ...]) -> PythonCommand | None:
     if i >= len(argv) or argv[i] == "-" or i > len(argv):
         return None
     options = argv[1:terminator] if terminator else argv[1:i]  # without the "--" that ended them
-    return PythonCommand(argv[0], tuple(options), "script", argv[i], tuple(argv[i + 1:]))
+    return PythonCommand(argv[0], tuple(options), "script", argv[i], tuple(argv[i + 1 :]))

@@ -92,8 +92,9 @@ class Reason(str):
             raise ValueError(f"{self}: its exit code is {self.rule}; pass it")
         return given
 
-    def retryable(self, retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES,
-                  given: int | None = None) -> bool:
+    def retryable(
+        self, retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES, given: int | None = None
+    ) -> bool:
         return is_retryable(self.exit_code(given), retryable_codes)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from launcher.core import log, settings
 from launcher.core.outcome import DEFAULT_RETRYABLE_EXIT_CODES, LauncherError, Outcome, is_retryable
@@ -97,8 +97,12 @@ def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: froz
     elif outcome.exit_code == 0:
         log.info(outcome.message, exitCode=0)
     else:
-        log.error(f"{outcome.message} -> exit {outcome.exit_code} ({kind}, {outcome.reason})",
-                  exitCode=outcome.exit_code, reason=outcome.reason, retryable=retryable)
+        log.error(
+            f"{outcome.message} -> exit {outcome.exit_code} ({kind}, {outcome.reason})",
+            exitCode=outcome.exit_code,
+            reason=outcome.reason,
+            retryable=retryable,
+        )
         if outcome.evidence:
             log.error(f"evidence: {outcome.evidence}")
     for observer in tuple(_observers):  # one may forget itself as it is told

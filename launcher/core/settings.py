@@ -11,7 +11,8 @@ import functools
 import ipaddress
 import os
 import re
-from typing import Annotated, Any, Callable
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -202,7 +203,6 @@ class Settings(BaseSettings):
     )
 
 
-
 class LauncherSettings(Settings):
     """The launcher's own knobs: ``LAUNCHER_*`` variables, each also a CLI flag (launcher.core.knobs)."""
 
@@ -210,7 +210,8 @@ class LauncherSettings(Settings):
     grace_period: Annotated[float, NoDecode, parsed(parse_duration)] = _knob("grace_period", 25.0)
     termination_log: Annotated[str | None, NoDecode, parsed(parse_output_path)] = _knob("termination_log", None)
     retryable_exit_codes: Annotated[frozenset[int], NoDecode, parsed(parse_exit_codes)] = _knob(
-        "retryable_exit_codes", DEFAULT_RETRYABLE_EXIT_CODES)
+        "retryable_exit_codes", DEFAULT_RETRYABLE_EXIT_CODES
+    )
     retryable_pattern: Annotated[str | None, NoDecode, parsed(parse_regex)] = _knob("retryable_pattern", None)
     log_format: Annotated[str, NoDecode, parsed(parse_choice("text", "json"))] = _knob("log_format", "text")
     keep_nproc: Annotated[bool, NoDecode, parsed(parse_bool)] = _knob("keep_nproc", False)
@@ -223,8 +224,12 @@ class LauncherSettings(Settings):
 
     def plan_json(self) -> dict:
         """The ``launcher`` block of a job's ``plan``: the knobs that decide how it waits, stops and ends."""
-        return {"rendezvousTimeout": self.rendezvous_timeout, "gracePeriod": self.grace_period,
-                "retryableExitCodes": sorted(self.retryable_exit_codes), "logFormat": self.log_format}
+        return {
+            "rendezvousTimeout": self.rendezvous_timeout,
+            "gracePeriod": self.grace_period,
+            "retryableExitCodes": sorted(self.retryable_exit_codes),
+            "logFormat": self.log_format,
+        }
 
 
 class HostEnv(Settings):
@@ -278,9 +283,14 @@ def load(model: type[Settings], overrides: dict[str, Override] | None = None) ->
         field_name = _field_for(model, first["loc"][0] if first["loc"] else "")
         source = source_of(model, field_name, overrides) or field_name
         message = str(first.get("ctx", {}).get("error") or first["msg"])
-        secret = bool((model.model_fields[field_name].json_schema_extra or {}).get("secret")) if field_name in model.model_fields else False
-        raise ConfigError(source, raw_value(model, field_name, overrides), message.removeprefix("Value error, "),
-                          secret=secret) from None
+        secret = (
+            bool((model.model_fields[field_name].json_schema_extra or {}).get("secret"))
+            if field_name in model.model_fields
+            else False
+        )
+        raise ConfigError(
+            source, raw_value(model, field_name, overrides), message.removeprefix("Value error, "), secret=secret
+        ) from None
 
 
 def _field_for(model: type[Settings], loc: Any) -> str:

@@ -19,10 +19,11 @@ import signal
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from launcher.core.outcome import COMMAND_NOT_FOUND, LauncherError, Reasons
+import contextlib
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -87,7 +88,7 @@ class _Stream:
             # A progress bar redraws its line with \r and ends it only when done: each redraw is
             # news for the line observers, and only the latest is the line.
             *redraws, latest = body.split(b"\r")
-            self.partial = latest + self.partial[len(body):]
+            self.partial = latest + self.partial[len(body) :]
             if redraws[-1]:
                 self.redraw(redraws[-1])
         if len(self.partial) > LINE_LIMIT:
@@ -294,15 +295,11 @@ class Supervisor:
         own = os.getpgrp()
         groups = {c.pid for c in self.children if c.returncode is None}
         for pid in self._descendants():
-            try:
+            with contextlib.suppress(OSError):
                 groups.add(os.getpgid(pid))
-            except OSError:
-                pass
         for group in groups - {own}:
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(group, signum)
-            except OSError:
-                pass
 
     def begin_teardown(self, send: bool = True) -> None:
         if self.teardown_started is None:
@@ -318,10 +315,8 @@ class Supervisor:
         pids = self._descendants()
         self.forward(signal.SIGKILL)
         for pid in pids:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
 
     def _descendants(self) -> list[int]:
         """Live processes below us (zombies excluded: the next reap takes them)."""

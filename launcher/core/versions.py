@@ -42,16 +42,19 @@ class Supported:
 # the same floors and ceilings. DeepSpeed and transformers are never imported by the launcher and
 # not gated: their rows say what the suite runs (DeepSpeed under mpirun in tests/test_mpi_frameworks.py,
 # transformers' KubeflowCallback in tests/test_progress_sources.py).
-SUPPORTED: dict[str, Supported] = {s.package: s for s in (
-    Supported("python", "3.11", "3.14", ("3.11", "3.13")),
-    Supported("torch", "2.4", "2.16", ("2.4.1", "2.8.0", "2.13.0", "2.15.0")),
-    Supported("jax", "0.5", "0.11", ("0.5.3", "0.7.2", "0.10.2")),
-    Supported("xgboost", "2.1", "3.3", ("2.1.4", "3.2.0")),
-    Supported("mpi4py", "3.1", "4.2", ("3.1.6", "4.1.2")),
-    Supported("deepspeed", "0.19", "0.20", ("0.19.8",)),
-    Supported("transformers", "5.23", "6.0", ("5.23.0",)),
-    Supported("accelerate", "1.0", "1.16", ("1.0.1", "1.15.0")),
-)}
+SUPPORTED: dict[str, Supported] = {
+    s.package: s
+    for s in (
+        Supported("python", "3.11", "3.14", ("3.11", "3.13")),
+        Supported("torch", "2.4", "2.16", ("2.4.1", "2.8.0", "2.13.0", "2.15.0")),
+        Supported("jax", "0.5", "0.11", ("0.5.3", "0.7.2", "0.10.2")),
+        Supported("xgboost", "2.1", "3.3", ("2.1.4", "3.2.0")),
+        Supported("mpi4py", "3.1", "4.2", ("3.1.6", "4.1.2")),
+        Supported("deepspeed", "0.19", "0.20", ("0.19.8",)),
+        Supported("transformers", "5.23", "6.0", ("5.23.0",)),
+        Supported("accelerate", "1.0", "1.16", ("1.0.1", "1.15.0")),
+    )
+}
 
 
 def release_of(version: str) -> tuple[int, ...]:
@@ -82,8 +85,10 @@ def refusal(package: str, version: str | None = None) -> str | None:
     version = version if version is not None else installed(package)
     if version is None or rule.admits(version):
         return None
-    return (f"{package}={version!r}: expected {package} {rule.spec}, the range {_launcher()} "
-            f"supports (tested: {', '.join(rule.tested) or 'none yet'}); {ALLOW_ENV}=1 runs it anyway")
+    return (
+        f"{package}={version!r}: expected {package} {rule.spec}, the range {_launcher()} "
+        f"supports (tested: {', '.join(rule.tested) or 'none yet'}); {ALLOW_ENV}=1 runs it anyway"
+    )
 
 
 def runner_refusal(package: str, say, version: str | None = None, environ: dict[str, str] | None = None) -> str | None:

@@ -35,9 +35,11 @@ def unwritable(directory: str = WORKSPACE) -> str | None:
     if read_only:
         return f"{path} is mounted read-only: writes there will fail; mount it read-write"
     owner, uid = info.st_uid, os.geteuid()
-    return (f"{path} is owned by uid {owner} (mode {stat.S_IMODE(info.st_mode):04o}) and this container runs as "
-            f"uid {uid}: writes there will fail with PermissionError. Run as uid {owner} (docker/podman "
-            f"--user {owner}, Kubernetes securityContext.runAsUser) or build the image with --build-arg APP_UID={owner}")
+    return (
+        f"{path} is owned by uid {owner} (mode {stat.S_IMODE(info.st_mode):04o}) and this container runs as "
+        f"uid {uid}: writes there will fail with PermissionError. Run as uid {owner} (docker/podman "
+        f"--user {owner}, Kubernetes securityContext.runAsUser) or build the image with --build-arg APP_UID={owner}"
+    )
 
 
 def warn_if_unwritable(directory: str = WORKSPACE) -> None:

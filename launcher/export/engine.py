@@ -11,8 +11,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from launcher.export.checksum import digest
 from launcher.export.tree import LocalFile
@@ -52,9 +53,14 @@ class Summary:
     seconds: float
 
 
-def export(target: Target, files: list[LocalFile], concurrency: int, log: Callable[[str], None],
-           describe: Callable[[list[LocalFile], dict[str, dict[str, str]]], bytes],
-           sending: Callable[[Progress], None] = lambda progress: None) -> Summary:
+def export(
+    target: Target,
+    files: list[LocalFile],
+    concurrency: int,
+    log: Callable[[str], None],
+    describe: Callable[[list[LocalFile], dict[str, dict[str, str]]], bytes],
+    sending: Callable[[Progress], None] = lambda progress: None,
+) -> Summary:
     """``describe``: the manifest of the files and their digests. ``sending`` is handed the
     progress once the sending begins (the TrainJob's status reads it)."""
     started = time.monotonic()
@@ -63,8 +69,10 @@ def export(target: Target, files: list[LocalFile], concurrency: int, log: Callab
     digests = _hash_all(target, maybe_there, existing, concurrency)
     needed = [f for f in files if f.path not in digests or not target.same(existing[f.path], f, digests[f.path])]
     total = sum(f.size for f in needed)
-    log(f"export: {len(needed)} of {len(files)} files to send ({total / 1e6:.1f} MB), "
-        f"{len(files) - len(needed)} already in {target.shown}")
+    log(
+        f"export: {len(needed)} of {len(files)} files to send ({total / 1e6:.1f} MB), "
+        f"{len(files) - len(needed)} already in {target.shown}"
+    )
     target.begin(existing)
     with Progress(len(needed), total, lambda line: log(f"export: {line}")) as progress:
         sending(progress)
@@ -73,8 +81,9 @@ def export(target: Target, files: list[LocalFile], concurrency: int, log: Callab
     return Summary(len(files), len(needed), len(files) - len(needed), total, time.monotonic() - started)
 
 
-def _hash_all(target: Target, files: list[LocalFile], existing: dict[str, dict],
-              concurrency: int) -> dict[str, dict[str, str]]:
+def _hash_all(
+    target: Target, files: list[LocalFile], existing: dict[str, dict], concurrency: int
+) -> dict[str, dict[str, str]]:
     digests: dict[str, dict[str, str]] = {}
 
     def one(file: LocalFile) -> None:
@@ -107,7 +116,9 @@ def on_lanes(items: list, work: Callable, lanes: int, stop: threading.Event | No
                     failed.append(error)
                 stop.set()
 
-    threads = [threading.Thread(target=lane, daemon=True, name="export-lane") for _ in range(max(1, min(lanes, len(items))))]
+    threads = [
+        threading.Thread(target=lane, daemon=True, name="export-lane") for _ in range(max(1, min(lanes, len(items))))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -118,11 +129,17 @@ def on_lanes(items: list, work: Callable, lanes: int, stop: threading.Event | No
 
 def backoff(attempt: int, first: float = 0.25) -> None:
     """Wait before try ``attempt + 2``: exponential from ``first``, at most 10 s, with jitter."""
-    time.sleep(min(10.0, first * 2 ** attempt) * (0.5 + random.random() / 2))
+    time.sleep(min(10.0, first * 2**attempt) * (0.5 + random.random() / 2))
 
 
-def each(files: list[LocalFile], send_one: Callable[[LocalFile], None], lanes: int, progress: Progress,
-         retries: int = 6, stop: threading.Event | None = None) -> None:
+def each(
+    files: list[LocalFile],
+    send_one: Callable[[LocalFile], None],
+    lanes: int,
+    progress: Progress,
+    retries: int = 6,
+    stop: threading.Event | None = None,
+) -> None:
     """``send_one`` over ``files`` on ``lanes`` threads; a TransientError is retried with backoff
     (``retries`` times a file), anything else stops the rest and is raised."""
     stop = stop or threading.Event()

@@ -52,18 +52,25 @@ class FileTarget:
             if os.path.islink(self.target) or not os.path.isdir(self.target):
                 raise PermanentError(f"{self.shown} is not a directory", Reasons.BAD_PATH)
             if os.path.ismount(self.target):
-                raise PermanentError(f"{self.shown} is a mount point, which a rename cannot replace: "
-                                     f"export to a directory below it, e.g. {self.shown}/output", Reasons.BAD_PATH)
+                raise PermanentError(
+                    f"{self.shown} is a mount point, which a rename cannot replace: "
+                    f"export to a directory below it, e.g. {self.shown}/output",
+                    Reasons.BAD_PATH,
+                )
             manifest = os.path.join(self.target, MANIFEST)
             if os.path.isfile(manifest):
                 earlier = _read_manifest(manifest)
                 if earlier is None:
-                    raise PermanentError(f"{self.shown}/{MANIFEST} is not an export's manifest: "
-                                         "choose another path, or empty it", Reasons.PATH_CLASH)
+                    raise PermanentError(
+                        f"{self.shown}/{MANIFEST} is not an export's manifest: choose another path, or empty it",
+                        Reasons.PATH_CLASH,
+                    )
                 found = earlier
             elif os.listdir(self.target):
-                raise PermanentError(f"{self.shown} holds files and is not an export (no {MANIFEST}): "
-                                     "choose another path, or empty it", Reasons.PATH_CLASH)
+                raise PermanentError(
+                    f"{self.shown} holds files and is not an export (no {MANIFEST}): choose another path, or empty it",
+                    Reasons.PATH_CLASH,
+                )
         return {**found, **self._journal()}  # a verified file of the staging directory wins
 
     def _journal(self) -> dict[str, dict]:

@@ -48,8 +48,11 @@ class HubTarget:
 
         def listed() -> list:
             try:
-                return list(self.api.list_repo_tree(self.repo_id, path_in_repo=self.folder or None, recursive=True,
-                                                    revision=revision))
+                return list(
+                    self.api.list_repo_tree(
+                        self.repo_id, path_in_repo=self.folder or None, recursive=True, revision=revision
+                    )
+                )
             except EntryNotFoundError:
                 return []  # the folder is not there yet
 
@@ -59,7 +62,7 @@ class HubTarget:
             if getattr(entry, "blob_id", None) is None or not hasattr(entry, "size"):
                 continue  # a folder
             digests = {"sha256": entry.lfs.sha256} if getattr(entry, "lfs", None) else {"git-sha1": entry.blob_id}
-            found[entry.path[len(base):]] = {"size": entry.size, **digests}
+            found[entry.path[len(base) :]] = {"size": entry.size, **digests}
         return found
 
     def same(self, there: dict, file: LocalFile, digests: dict[str, str]) -> bool:
@@ -79,9 +82,10 @@ class HubTarget:
             # Made anew each try: an operation remembers its upload, and a failed one must go again.
             operations = [CommitOperationAdd(path_in_repo=self.in_repo(f.path), path_or_fileobj=f.real) for f in files]
             try:
-                info = self.hub.call(lambda ops=operations: self.api.create_commit(self.repo_id, ops,
-                                                                                   commit_message=message),
-                                     f"commit to {self.shown}")
+                info = self.hub.call(
+                    lambda ops=operations: self.api.create_commit(self.repo_id, ops, commit_message=message),
+                    f"commit to {self.shown}",
+                )
                 break
             except TransientError:
                 if attempt == ATTEMPTS - 1:
@@ -98,8 +102,9 @@ class HubTarget:
         for file in files:
             entry = there.get(file.path)
             if entry is None:
-                raise PermanentError(f"{self.shown}@{self.commit[:12]}: {file.path} is not in the commit",
-                                     Reasons.STORAGE_ERROR)
+                raise PermanentError(
+                    f"{self.shown}@{self.commit[:12]}: {file.path} is not in the commit", Reasons.STORAGE_ERROR
+                )
             known = digests.setdefault(file.path, {})
             if "sha256" not in entry and "git-sha1" not in known:  # a regular file: small, hashed now
                 known.update(digest(file.real, file.size, ("git-sha1",)))

@@ -13,11 +13,17 @@ FORMAT = "trainer-launcher-export/1"
 
 def manifest(files: list[LocalFile], digests: dict[str, dict[str, str]], node: str, source: str) -> bytes:
     """``digests``: each file's checksums by path, as the destination verified them."""
-    return json.dumps({
-        "format": FORMAT,
-        "node": node,
-        "source": source,
-        "exportedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "files": [{"path": f.path, "size": f.size, **digests.get(f.path, {})} for f in files],
-        "totalBytes": sum(f.size for f in files),
-    }, indent=1).encode() + b"\n"
+    return (
+        json.dumps(
+            {
+                "format": FORMAT,
+                "node": node,
+                "source": source,
+                "exportedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "files": [{"path": f.path, "size": f.size, **digests.get(f.path, {})} for f in files],
+                "totalBytes": sum(f.size for f in files),
+            },
+            indent=1,
+        ).encode()
+        + b"\n"
+    )

@@ -51,7 +51,7 @@ class S3Target:
             return [o for page in paginator.paginate(Bucket=self.bucket, Prefix=base) for o in page.get("Contents", [])]
 
         found = self.source.call(page_through, f"list {self.shown}")
-        return {o["Key"][len(base):]: {"size": o["Size"], "s3-etag": o.get("ETag", "").strip('"')} for o in found}
+        return {o["Key"][len(base) :]: {"size": o["Size"], "s3-etag": o.get("ETag", "").strip('"')} for o in found}
 
     def same(self, there: dict, file: LocalFile, digests: dict[str, str]) -> bool:
         return there["size"] == file.size and there["s3-etag"] == digests["s3-etag"]
@@ -59,8 +59,9 @@ class S3Target:
     def begin(self, existing: dict[str, dict]) -> None:
         if MANIFEST in existing:
             key = self.key(MANIFEST)
-            self.source.call(lambda: self.source.client.delete_object(Bucket=self.bucket, Key=key),
-                             f"delete {self.shown}/{MANIFEST}")
+            self.source.call(
+                lambda: self.source.client.delete_object(Bucket=self.bucket, Key=key), f"delete {self.shown}/{MANIFEST}"
+            )
 
     def send(self, files: list[LocalFile], digests: dict[str, dict[str, str]], progress: Progress) -> None:
         small = [f for f in files if f.size <= part_size(f.size)]
@@ -94,8 +95,14 @@ class S3Target:
         hashing = threading.Thread(target=lambda: hashed.append(_digest_or_error(file, part)), daemon=True)
         hashing.start()
         try:
-            result = obstore.put(self.source.body_store(), key, Path(file.real), use_multipart=file.size > part,
-                                 chunk_size=part, max_concurrency=lanes)
+            result = obstore.put(
+                self.source.body_store(),
+                key,
+                Path(file.real),
+                use_multipart=file.size > part,
+                chunk_size=part,
+                max_concurrency=lanes,
+            )
         except Exception as error:  # noqa: BLE001 - sorted into transient and permanent
             raise obstore_error(error, f"put {key}") from None
         finally:

@@ -21,9 +21,11 @@ class ExportSettings(S3Settings):
     export_path: str = _export_knob("export_path", "/workspace/output")
     export_per_node: Annotated[bool, NoDecode, parsed(parse_bool)] = _export_knob("export_per_node", False)
     export_on_failure: Annotated[bool, NoDecode, parsed(parse_bool)] = _export_knob("export_on_failure", False)
-    export_concurrency: Annotated[int, NoDecode, parsed(int_in(1, 256, "a number of parallel uploads"))] = (
-        _export_knob("export_concurrency", 8))
+    export_concurrency: Annotated[int, NoDecode, parsed(int_in(1, 256, "a number of parallel uploads"))] = _export_knob(
+        "export_concurrency", 8
+    )
     # Which node this pod is: the Job's completion index, as Trainer gives every pod.
     node_index: Annotated[int, NoDecode, parsed(int_in(0, 1 << 20, "a node index"))] = field(
-        ("JOB_COMPLETION_INDEX", "PET_NODE_RANK"), 0, "this pod's node index")
+        ("JOB_COMPLETION_INDEX", "PET_NODE_RANK"), 0, "this pod's node index"
+    )
     access_token: str | None = field(("ACCESS_TOKEN", "HF_TOKEN"), None, "hf: token", secret=True)

@@ -56,8 +56,11 @@ class Export:
         uri = parse_storage_uri(export.export_uri, SCHEMES, named)
         repo = f"{uri.authority}/{uri.path}".split("/")[:2]
         if uri.scheme == "hf" and not all(_HUB_NAME.fullmatch(part) for part in repo):
-            raise ConfigError(named, uri.shown, "hf://OWNER/NAME[/SUBFOLDER], each name of letters, digits, '-', "
-                                                "'_' and '.', at most 96")
+            raise ConfigError(
+                named,
+                uri.shown,
+                "hf://OWNER/NAME[/SUBFOLDER], each name of letters, digits, '-', '_' and '.', at most 96",
+            )
         path_from = settings.source_of(ExportSettings, "export_path", life.overrides) or "EXPORT_PATH"
         if not os.path.isabs(export.export_path):
             raise ConfigError(path_from, export.export_path, "an absolute path")
@@ -76,19 +79,24 @@ class Export:
             return outcome
         done = self._run(life, plan, export)
         if failed:
-            return outcome.with_extra(exportError=done.message) if done.exit_code else outcome.with_extra(
-                **{k: v for k, v in done.extra.items() if k.startswith("export")})
+            return (
+                outcome.with_extra(exportError=done.message)
+                if done.exit_code
+                else outcome.with_extra(**{k: v for k, v in done.extra.items() if k.startswith("export")})
+            )
         if done.exit_code:
             return done
-        return Outcome.of(Reasons.SUCCEEDED, f"{outcome.message}; {done.message}",
-                          extra={**outcome.extra, **done.extra})
+        return Outcome.of(
+            Reasons.SUCCEEDED, f"{outcome.message}; {done.message}", extra={**outcome.extra, **done.extra}
+        )
 
     def _run(self, life: Life, plan: Plan, export: ExportSettings) -> Outcome:
         """The export in a thread; this one serves signals and the TrainJob's status meanwhile."""
         result: list[Outcome] = []
         progress: list = []
-        worker = threading.Thread(target=lambda: result.append(_export(plan, export, life.node, progress.append)),
-                                  name="export", daemon=True)
+        worker = threading.Thread(
+            target=lambda: result.append(_export(plan, export, life.node, progress.append)), name="export", daemon=True
+        )
         worker.start()
         supervisor, reported = life.supervisor, None
         while worker.is_alive():
@@ -100,8 +108,15 @@ class Export:
                 now = (progress[0].files, progress[0].bytes)
                 if now != reported:
                     reported = now
-                    life.watch.report([("export", f"{now[0]}/{progress[0].total_files} files, "
-                                                  f"{now[1] / 1e6:.1f}/{progress[0].total_bytes / 1e6:.1f} MB")])
+                    life.watch.report(
+                        [
+                            (
+                                "export",
+                                f"{now[0]}/{progress[0].total_files} files, "
+                                f"{now[1] / 1e6:.1f}/{progress[0].total_bytes / 1e6:.1f} MB",
+                            )
+                        ]
+                    )
         return result[0] if result else internal_error("the export stopped without an outcome", node=life.node)
 
 
@@ -116,8 +131,14 @@ def _export(plan: Plan, export: ExportSettings, node: str, sending) -> Outcome:
         target = _target(plan, export)
         total = sum(f.size for f in files)
         log.info(f"export: {plan.path} -> {target.shown}: {len(files)} files, {total / 1e6:.1f} MB")
-        summary = engine.export(target, files, export.export_concurrency, log.info,
-                                lambda listed, digests: manifest(listed, digests, node, plan.path), sending)
+        summary = engine.export(
+            target,
+            files,
+            export.export_concurrency,
+            log.info,
+            lambda listed, digests: manifest(listed, digests, node, plan.path),
+            sending,
+        )
     except LauncherError as error:
         return _failed(error, shown, plan.path)
     except OSError as error:
@@ -127,8 +148,10 @@ def _export(plan: Plan, export: ExportSettings, node: str, sending) -> Outcome:
     except Exception as error:  # noqa: BLE001 - the launcher's own bug, never the program's failure
         return internal_error(error, node=node)
     rate = summary.bytes_sent / max(summary.seconds, 1e-6) / 1e6
-    said = (f"exported {summary.files} files to {target.shown} ({summary.sent} sent, {summary.bytes_sent / 1e6:.1f} MB "
-            f"at {rate:.1f} MB/s, {summary.skipped} already there) in {summary.seconds:.1f}s")
+    said = (
+        f"exported {summary.files} files to {target.shown} ({summary.sent} sent, {summary.bytes_sent / 1e6:.1f} MB "
+        f"at {rate:.1f} MB/s, {summary.skipped} already there) in {summary.seconds:.1f}s"
+    )
     return Outcome.of(Reasons.SUCCEEDED, said, extra={"exportUri": target.shown, "exportFiles": summary.files})
 
 
@@ -153,5 +176,6 @@ def _failed(error: LauncherError, shown: str, path: str) -> Outcome:
     permanent = error.exit_code == Reasons.CONFIG_ERROR.code
     reason = Reasons.EXPORT_REJECTED if permanent else Reasons.EXPORT_FAILED
     kept = f"; the output is still in {path}" if os.path.isdir(path) else ""
-    return Outcome.of(reason, f"the export to {shown} failed: {error}{kept}",
-                      extra={"exportCause": cause, "exportUri": shown})
+    return Outcome.of(
+        reason, f"the export to {shown} failed: {error}{kept}", extra={"exportCause": cause, "exportUri": shown}
+    )

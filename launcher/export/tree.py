@@ -5,8 +5,8 @@ launcher's own state (an initializer's ``.trainer-launcher/``, an export's manif
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from launcher.core.outcome import Reasons
 from launcher.initializers.errors import PermanentError

@@ -12,6 +12,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass
+import contextlib
 
 
 def _syncfs(fd: int) -> None:
@@ -32,6 +33,7 @@ def _syncfs(fd: int) -> None:
 @dataclass
 class Done:
     """A verified part waiting to become durable, then renamed, then journaled."""
+
     part: str
     destination: str
     meta: str | None  # its resume record, removed once the file is in place
@@ -88,8 +90,9 @@ class Committer:
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._closing or self._written_bytes >= self._batch_bytes,
-                                        self._interval)
+                    self._cond.wait_for(
+                        lambda: self._closing or self._written_bytes >= self._batch_bytes, self._interval
+                    )
                     written, self._written, self._written_bytes = self._written, [], 0
                     closing = self._closing
                 if written or self._renamed:
@@ -112,10 +115,8 @@ class Committer:
         for done in batch:
             os.replace(done.part, done.destination)
             if done.meta:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(done.meta)
-                except FileNotFoundError:
-                    pass
         return batch
 
     def _record(self, batch: list[Done]) -> None:

@@ -33,9 +33,9 @@ import re
 import stat
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable
 
 from launcher.initializers.checksum import Checksum, multipart_etag
 from launcher.initializers.commit import Committer, Done
@@ -43,7 +43,15 @@ from launcher.initializers.errors import CorruptDataError, TransientError, local
 from launcher.initializers.listing import RemoteFile, Source, refuse_clashes, safe_destination
 from launcher.initializers.progress import Progress
 from launcher.initializers.state import (
-    NO_LINK, STATE_DIR, open_part, ours, own_directory, own_state_directory, read_json, read_state, write_json,
+    NO_LINK,
+    STATE_DIR,
+    open_part,
+    ours,
+    own_directory,
+    own_state_directory,
+    read_json,
+    read_state,
+    write_json,
 )
 
 
@@ -63,12 +71,15 @@ _MD5_HEX = re.compile(r"[0-9a-f]{32}")
 
 def _part_digests_fit(found, length: int, part_size: int) -> bool:
     """A resume record's part digests for a range of ``length`` bytes: one md5 per part."""
-    return isinstance(found, list) and len(found) == -(-length // part_size) \
+    return (
+        isinstance(found, list)
+        and len(found) == -(-length // part_size)
         and all(_MD5_HEX.fullmatch(str(d)) for d in found)
+    )
+
 
 # The kernel declines to copy between these two files this way: try the next way.
-_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ETXTBSY,
-                   errno.EBADF}
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ETXTBSY, errno.EBADF}
 
 
 def _identity(info: os.stat_result) -> tuple:
@@ -86,9 +97,17 @@ def _regular_size(path: str) -> int | None:
 
 
 class Engine:
-    def __init__(self, source: Source, target: str, concurrency: int = 8, chunk_size: int = 8 << 20,
-                 retries: int = 6, log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
-                 ranged_min: int = 64 << 20):
+    def __init__(
+        self,
+        source: Source,
+        target: str,
+        concurrency: int = 8,
+        chunk_size: int = 8 << 20,
+        retries: int = 6,
+        log: Callable[[str], None] = print,
+        sleep: Callable[[float], None] = time.sleep,
+        ranged_min: int = 64 << 20,
+    ):
         self.ranged_min = ranged_min  # files this big go as parallel byte ranges (if the source allows)
         self._ranges_per_file = concurrency  # set by run(): the lanes the large files share
         self.source, self.target = source, target
@@ -115,8 +134,12 @@ class Engine:
         todo = []
         for file in files:
             entry = manifest.get(file.path)
-            if entry and entry.get("version") == file.version and entry.get("size") == file.size \
-                    and _regular_size(destinations[file.path]) == file.size:
+            if (
+                entry
+                and entry.get("version") == file.version
+                and entry.get("size") == file.size
+                and _regular_size(destinations[file.path]) == file.size
+            ):
                 summary.skipped += 1
             else:
                 todo.append(file)
@@ -211,15 +234,21 @@ class Engine:
         # A small file on a first attempt with no part left by an earlier run: no syscall to ask.
         has_part = bool(attempt or f"{ident}.part" in self._parts_found) and ours(part, self.log)
         meta = read_json(meta_path) if has_part else {}
-        same_source = (has_part and meta.get("version") == file.version
-                       and meta.get("path") == file.path and self.source.supports_range)
+        same_source = (
+            has_part
+            and meta.get("version") == file.version
+            and meta.get("path") == file.path
+            and self.source.supports_range
+        )
         local_path = getattr(self.source, "local_path", None)
         local = local_path(file) if local_path is not None else None
         if local is not None:
-            start, resumed, has_meta = self._copy_local(file, local, part, meta_path, meta if same_source else {},
-                                                        progress)
-            return self._commit(file, part, meta_path if has_meta or meta else None,
-                                None, start, destination, progress, resumed)
+            start, resumed, has_meta = self._copy_local(
+                file, local, part, meta_path, meta if same_source else {}, progress
+            )
+            return self._commit(
+                file, part, meta_path if has_meta or meta else None, None, start, destination, progress, resumed
+            )
         if self._ranged(file):
             resumed, digest = self._fetch_ranges(file, part, meta_path, meta if same_source else {}, progress)
             start = os.lstat(part).st_size
@@ -231,8 +260,9 @@ class Engine:
                 os.unlink(part)
             raise TransientError(f"got {start} of {file.size} bytes")
         wrote_meta = self._ranged(file) or file.size is None or file.size > self.chunk_size  # as the fetches decide
-        return self._commit(file, part, meta_path if meta or wrote_meta else None, digest, start,
-                            destination, progress, resumed)
+        return self._commit(
+            file, part, meta_path if meta or wrote_meta else None, digest, start, destination, progress, resumed
+        )
 
     def _fetch_stream(self, file: RemoteFile, part: str, meta_path: str, same_source: bool, progress: Progress):
         """One sequential stream, resumed from the end of a partial file of the same version."""
@@ -261,8 +291,9 @@ class Engine:
                 raise
         return start, checksum, resumed
 
-    def _fetch_ranges(self, file: RemoteFile, part: str, meta_path: str, meta: dict,
-                      progress: Progress) -> tuple[int, str | None]:
+    def _fetch_ranges(
+        self, file: RemoteFile, part: str, meta_path: str, meta: dict, progress: Progress
+    ) -> tuple[int, str | None]:
         """Parallel byte ranges written in place; finished ranges are recorded, so a rerun after a
         crash fetches only the ranges that were not complete. Returns (bytes resumed, the file's
         digest in its checksum's kind).
@@ -281,12 +312,18 @@ class Engine:
         if type(began) is int and began >= self.chunk_size and not began % (part_size or 1):
             segment = began  # a resume keeps the ranges it began with, whatever is left to fetch now
         kept_segments = meta.get("segments")
-        done = {o for o in kept_segments if type(o) is int and 0 <= o < size and o % segment == 0} \
-            if isinstance(kept_segments, list) else set()
+        done = (
+            {o for o in kept_segments if type(o) is int and 0 <= o < size and o % segment == 0}
+            if isinstance(kept_segments, list)
+            else set()
+        )
         kept = meta.get("digests") if isinstance(meta.get("digests"), dict) else {}
         if part_size:  # a range counts as done only with its parts' digests (the record is not trusted)
-            done = {offset for offset in done if _part_digests_fit(kept.get(str(offset)),
-                                                                   min(offset + segment, size) - offset, part_size)}
+            done = {
+                offset
+                for offset in done
+                if _part_digests_fit(kept.get(str(offset)), min(offset + segment, size) - offset, part_size)
+            }
         resumed = sum(min(segment, size - offset) for offset in done)
         if not done:
             with open_part(part, "wb") as out:
@@ -336,8 +373,17 @@ class Engine:
                 checksum.update(block)
         return resumed, checksum.hexdigest()
 
-    def _commit(self, file: RemoteFile, part: str, meta_path: str | None, digest: str | None, start: int,
-                destination: str, progress: Progress, resumed: int) -> int:
+    def _commit(
+        self,
+        file: RemoteFile,
+        part: str,
+        meta_path: str | None,
+        digest: str | None,
+        start: int,
+        destination: str,
+        progress: Progress,
+        resumed: int,
+    ) -> int:
         """Verified: hand the part to the committer, which renames it once its bytes are durable."""
         if file.checksum and digest != file.checksum[1]:
             os.unlink(part)
@@ -346,14 +392,18 @@ class Engine:
         if directory not in self._directories:
             os.makedirs(directory, exist_ok=True)
             self._directories.add(directory)
-        entry = {"size": start, "version": file.version,
-                 "checksum": f"{file.checksum[0]}:{file.checksum[1]}" if file.checksum else None}
+        entry = {
+            "size": start,
+            "version": file.version,
+            "checksum": f"{file.checksum[0]}:{file.checksum[1]}" if file.checksum else None,
+        }
         self._committer.add(Done(part, destination, meta_path, file.path, entry), start)
         progress.add(files=1)
         return resumed
 
-    def _copy_local(self, file: RemoteFile, source_path: str, part: str, meta_path: str, meta: dict,
-                    progress: Progress) -> tuple[int, int, bool]:
+    def _copy_local(
+        self, file: RemoteFile, source_path: str, part: str, meta_path: str, meta: dict, progress: Progress
+    ) -> tuple[int, int, bool]:
         """Copy a file this machine can open with the kernel: Python never touches the bytes.
 
         file:// has no published checksum, so the check is on the source instead: its identity
@@ -383,8 +433,9 @@ class Engine:
                     start = 0
             has_meta = bool(meta)
             if not start and size > self.chunk_size:  # worth resuming: remember which source it is
-                write_json(meta_path, {"path": file.path, "version": file.version, "source": list(before)},
-                            durable=False)
+                write_json(
+                    meta_path, {"path": file.path, "version": file.version, "source": list(before)}, durable=False
+                )
                 has_meta = True
             out = os.open(part, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC) | NO_LINK, 0o666)
             try:

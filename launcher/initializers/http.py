@@ -8,11 +8,10 @@ buffer per thread: no new bytes object per chunk.
 from __future__ import annotations
 
 import http.client
-import socket
 import ssl
 import threading
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Iterator
 from urllib.error import HTTPError, URLError
 from urllib.parse import urljoin, urlsplit
 from urllib.request import Request, getproxies, proxy_bypass, urlopen
@@ -20,8 +19,13 @@ from urllib.request import Request, getproxies, proxy_bypass, urlopen
 from launcher.core.outcome import Reasons
 from launcher.initializers.errors import PermanentError, TransientError
 
-_PERMANENT = {400: Reasons.BAD_REQUEST, 401: Reasons.AUTH_FAILED, 403: Reasons.AUTH_FAILED, 404: Reasons.NOT_FOUND,
-              410: Reasons.NOT_FOUND}
+_PERMANENT = {
+    400: Reasons.BAD_REQUEST,
+    401: Reasons.AUTH_FAILED,
+    403: Reasons.AUTH_FAILED,
+    404: Reasons.NOT_FOUND,
+    410: Reasons.NOT_FOUND,
+}
 _REDIRECTS = {301, 302, 303, 307, 308}
 _MAX_REDIRECTS = 5
 _TIMEOUT = 60.0
@@ -37,8 +41,14 @@ def classify_status(status: int, what: str) -> Exception:
     return TransientError(f"{what}: HTTP {status}")
 
 
-def open_url(url: str, headers: dict[str, str], method: str = "GET", timeout: float = 60, what: str = "",
-             credentials: dict[str, str] | None = None) -> http.client.HTTPResponse:
+def open_url(
+    url: str,
+    headers: dict[str, str],
+    method: str = "GET",
+    timeout: float = 60,
+    what: str = "",
+    credentials: dict[str, str] | None = None,
+) -> http.client.HTTPResponse:
     """One request through urllib (proxies from the environment, redirects). ``credentials`` (e.g.
     Authorization) go to ``url``'s host only, never along a redirect (the Hub sends LFS files to a CDN
     on another origin)."""
@@ -49,7 +59,7 @@ def open_url(url: str, headers: dict[str, str], method: str = "GET", timeout: fl
         return urlopen(request, timeout=timeout)
     except HTTPError as error:
         raise classify_status(error.code, what or url) from None
-    except (URLError, OSError, http.client.HTTPException, socket.timeout) as error:
+    except (TimeoutError, URLError, OSError, http.client.HTTPException) as error:
         raise TransientError(f"{what or url}: {getattr(error, 'reason', error)}") from None
 
 
@@ -124,8 +134,15 @@ def _drain(response: http.client.HTTPResponse, limit: int = 1 << 16) -> None:
         response.read()
 
 
-def get_range(url: str, headers: dict[str, str], start: int, chunk_size: int, what: str,
-              credentials: dict[str, str] | None = None, end: int | None = None) -> Iterator[memoryview]:
+def get_range(
+    url: str,
+    headers: dict[str, str],
+    start: int,
+    chunk_size: int,
+    what: str,
+    credentials: dict[str, str] | None = None,
+    end: int | None = None,
+) -> Iterator[memoryview]:
     """Bytes [start, end) of the body. A server that ignores Range gets the rest skipped.
 
     Yields views of one buffer that is refilled for the next chunk: the caller must write/hash each
@@ -166,8 +183,9 @@ def get_range(url: str, headers: dict[str, str], start: int, chunk_size: int, wh
             while n := _read_body(response.readinto, view, what):
                 yield view[:n]
 
-        yield from _window(chunks(), start if start and response.status != 206 else 0,
-                           None if end is None else end - start)
+        yield from _window(
+            chunks(), start if start and response.status != 206 else 0, None if end is None else end - start
+        )
         finished = True
     finally:
         _local.buffer = buffer
@@ -185,8 +203,9 @@ def _get_range_urllib(url, request_headers, start, what, credentials, end, chunk
             while chunk := _read_body(response.read, chunk_size, what):
                 yield chunk
 
-        yield from _window(chunks(), start if start and response.status != 206 else 0,
-                           None if end is None else end - start)
+        yield from _window(
+            chunks(), start if start and response.status != 206 else 0, None if end is None else end - start
+        )
     finally:
         response.close()
 

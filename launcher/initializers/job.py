@@ -19,17 +19,17 @@ import zipfile
 from launcher.core import lifecycle, log, settings, workspace
 from launcher.core.exec_job import CommandPod, node_name
 from launcher.core.knobs import KNOBS
-from launcher.initializers.engine import Engine, Summary
-from launcher.initializers.errors import LocalIOError, PermanentError, TransientError
-from launcher.initializers.listing import outside_the_data, safe_destination, select
-from launcher.initializers.state import STATE_DIR
-from launcher.initializers import lease
-from launcher.initializers.knobs import INIT_KNOBS
-from launcher.initializers.uri import StorageUri, parse_storage_uri
 from launcher.core.outcome import ConfigError, LauncherError, Outcome, Reasons
 from launcher.core.report import run_command
 from launcher.core.settings import Override
+from launcher.initializers import lease
+from launcher.initializers.engine import Engine, Summary
+from launcher.initializers.errors import LocalIOError, PermanentError, TransientError
+from launcher.initializers.knobs import INIT_KNOBS
+from launcher.initializers.listing import outside_the_data, safe_destination, select
 from launcher.initializers.settings import InitSettings
+from launcher.initializers.state import STATE_DIR
+from launcher.initializers.uri import StorageUri, parse_storage_uri
 
 TARGETS = {"dataset": "/workspace/dataset", "model": "/workspace/model"}
 # Upstream's model initializer skips these weight formats unless IGNORE_PATTERNS says otherwise.
@@ -58,16 +58,23 @@ class InitPod(CommandPod):
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
         self.init = init = settings.load(InitSettings, self.init_overrides)
         if not init.storage_uri:
-            raise ConfigError("STORAGE_URI", None, "where to download from: hf://OWNER/NAME, s3://BUCKET/PREFIX, "
-                                                   "file:///PATH or https://HOST/FILE")
+            raise ConfigError(
+                "STORAGE_URI",
+                None,
+                "where to download from: hf://OWNER/NAME, s3://BUCKET/PREFIX, file:///PATH or https://HOST/FILE",
+            )
         self.uri = parse_storage_uri(init.storage_uri)
         self.target = os.path.abspath(init.output_path or TARGETS[self.kind])
         self.command = [sys.executable, "-m", "launcher", "init", self.kind]
         # The flags as their variables, the target as planned, and the role: the download reads them.
         given = {KNOBS[name].env: str(value.value) for name, value in self.launcher_overrides.items()}
         given.update({INIT_KNOBS[name].env: str(value.value) for name, value in self.init_overrides.items()})
-        self.env = {**settings.environ(), **given, INIT_KNOBS["output_path"].env: self.target,
-                    settings.CHILD_ROLE: FETCH}
+        self.env = {
+            **settings.environ(),
+            **given,
+            INIT_KNOBS["output_path"].env: self.target,
+            settings.CHILD_ROLE: FETCH,
+        }
         return lifecycle.Planned(None, node_name(), "")
 
     def check_workspace(self, life: lifecycle.Life) -> None:
@@ -79,8 +86,14 @@ class InitPod(CommandPod):
         self.tell_lost = said.child_fd  # the heartbeat thread writes why, the loop reads it
         try:
             os.makedirs(self.target, exist_ok=True)
-            self.lease = lease.acquire(self.target, self.init.lease_ttl, self.init.lease_wait, log.info,
-                                       self._on_lost, sleep=life.supervisor.sleep)
+            self.lease = lease.acquire(
+                self.target,
+                self.init.lease_ttl,
+                self.init.lease_wait,
+                log.info,
+                self._on_lost,
+                sleep=life.supervisor.sleep,
+            )
         except OSError as error:
             raise LocalIOError(error, self.target) from None
         life.closing(self.lease.release)
@@ -117,7 +130,11 @@ def fetch(kind: str, init_overrides: dict[str, Override]) -> Outcome:
     init = settings.load(InitSettings, init_overrides)
     uri = parse_storage_uri(init.storage_uri)
     target = os.path.abspath(init.output_path or TARGETS[kind])
-    ignore = init.ignore_patterns if init.ignore_patterns is not None else (MODEL_DEFAULT_IGNORE if kind == "model" else None)
+    ignore = (
+        init.ignore_patterns
+        if init.ignore_patterns is not None
+        else (MODEL_DEFAULT_IGNORE if kind == "model" else None)
+    )
     try:
         summary = _download(kind, uri, target, init, ignore)
     except (PermanentError, TransientError, OSError) as error:
@@ -144,10 +161,13 @@ def _download(kind: str, uri: StorageUri, target: str, init: InitSettings, ignor
     source = _source(kind, uri, init)
     listed = source.list()
     files = select(listed, init.allow_patterns, ignore)
-    log.info(f"init {kind}: {uri.shown} -> {target}: {len(files)} of {len(listed)} files, "
-             f"{sum(f.size or 0 for f in files) / 1e6:.1f} MB")
-    summary = Engine(source, target, init.concurrency, init.chunk_size, init.retries, log.info,
-                     ranged_min=init.ranged_min).run(files)
+    log.info(
+        f"init {kind}: {uri.shown} -> {target}: {len(files)} of {len(listed)} files, "
+        f"{sum(f.size or 0 for f in files) / 1e6:.1f} MB"
+    )
+    summary = Engine(
+        source, target, init.concurrency, init.chunk_size, init.retries, log.info, ranged_min=init.ranged_min
+    ).run(files)
     if init.extract and uri.scheme in ("https", "http") and files and files[0].path.endswith(ARCHIVES):
         extract(os.path.join(target, files[0].path), target)
     return summary
@@ -167,9 +187,11 @@ def failure_outcome(error: LauncherError | OSError, uri: StorageUri, target: str
 def _said(summary: Summary, uri: StorageUri, target: str) -> str:
     rate = summary.bytes_fetched / max(summary.seconds, 1e-6) / 1e6
     resumed = f", resumed {summary.resumed_bytes / 1e6:.1f} MB" if summary.resumed_bytes else ""
-    return (f"{uri.shown} -> {target}: {summary.files} files, fetched {summary.fetched} "
-            f"({summary.bytes_fetched / 1e6:.1f} MB at {rate:.1f} MB/s{resumed}), "
-            f"{summary.skipped} already complete, in {summary.seconds:.1f}s")
+    return (
+        f"{uri.shown} -> {target}: {summary.files} files, fetched {summary.fetched} "
+        f"({summary.bytes_fetched / 1e6:.1f} MB at {rate:.1f} MB/s{resumed}), "
+        f"{summary.skipped} already complete, in {summary.seconds:.1f}s"
+    )
 
 
 def extract(archive: str, target: str) -> None:
@@ -186,17 +208,22 @@ def extract(archive: str, target: str) -> None:
     except (tarfile.TarError, zipfile.BadZipFile) as error:
         raise PermanentError(f"{name}: not a readable archive ({error})", Reasons.BAD_ARCHIVE) from None
     except RecursionError:  # tarfile retries a link it cannot make through its target, and so on
-        raise PermanentError(f"{name}: not a readable archive (links that lead in a circle)",
-                             Reasons.BAD_ARCHIVE) from None
+        raise PermanentError(
+            f"{name}: not a readable archive (links that lead in a circle)", Reasons.BAD_ARCHIVE
+        ) from None
     except OSError as error:
         if error.errno not in _NOT_A_TREE:
             raise  # the disk's (full, read-only): the initializer sorts those
         where = os.path.relpath(error.filename, target) if isinstance(error.filename, str) else "?"
-        raise PermanentError(f"{name}: its members do not make one tree ({where!r}: {error.strerror})",
-                             Reasons.BAD_ARCHIVE) from None
+        raise PermanentError(
+            f"{name}: its members do not make one tree ({where!r}: {error.strerror})", Reasons.BAD_ARCHIVE
+        ) from None
     except KeyError as error:  # tarfile's word for a hard link to a member the archive lacks
-        raise PermanentError(f"{name}: not a readable archive (a hard link whose target is not in it: "
-                             f"{error.args[0] if error.args else error})", Reasons.BAD_ARCHIVE) from None
+        raise PermanentError(
+            f"{name}: not a readable archive (a hard link whose target is not in it: "
+            f"{error.args[0] if error.args else error})",
+            Reasons.BAD_ARCHIVE,
+        ) from None
 
 
 def _extract_zip(archive: str, target: str, check_name) -> None:
@@ -236,8 +263,9 @@ def _name_checker(target: str):
     def check(name: str, directory: bool = True) -> None:
         relative = (name[2:] if name.startswith("./") else name).rstrip("/")
         if not directory and relative in ("", "."):  # a file or link named "/" or ".": the target itself
-            raise PermanentError(f"refusing the archive member {name!r}: it names the target directory",
-                                 Reasons.UNSAFE_PATH)
+            raise PermanentError(
+                f"refusing the archive member {name!r}: it names the target directory", Reasons.UNSAFE_PATH
+            )
         if relative and relative != ".":
             destination = safe_destination(target, relative, checked)
             if why := outside_the_data(root, os.path.realpath(destination)):
@@ -261,8 +289,11 @@ def refuse_links_into_state(members: list[tarfile.TarInfo]) -> None:
         elif member.islnk():
             reached.append(_through_links(_parts(member.linkname), links))
         if any(parts and parts[0] == STATE_DIR for parts in reached):
-            raise PermanentError(f"refusing the archive member {member.name!r}: through the archive's links it "
-                                 f"reaches the initializer's own {STATE_DIR} directory", Reasons.UNSAFE_PATH)
+            raise PermanentError(
+                f"refusing the archive member {member.name!r}: through the archive's links it "
+                f"reaches the initializer's own {STATE_DIR} directory",
+                Reasons.UNSAFE_PATH,
+            )
 
 
 def _parts(path: str) -> list[str]:
@@ -308,8 +339,10 @@ def _basic_data_filter(member: tarfile.TarInfo, destination: str) -> tarfile.Tar
     if member.ischr() or member.isblk() or member.isfifo():
         raise PermanentError(f"refusing archive member: {member.name!r} is a special file", Reasons.UNSAFE_PATH)
     if (member.issym() or member.islnk()) and member.linkname.startswith("/"):
-        raise PermanentError(f"refusing archive member: {member.name!r} links to the absolute path "
-                             f"{member.linkname!r}", Reasons.UNSAFE_PATH)
+        raise PermanentError(
+            f"refusing archive member: {member.name!r} links to the absolute path {member.linkname!r}",
+            Reasons.UNSAFE_PATH,
+        )
     member.mode &= 0o755
     return member
 

@@ -32,13 +32,14 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Callable
 
 from launcher.core.outcome import Reasons
 from launcher.initializers.errors import TransientError
-from launcher.initializers.state import own_state_directory
 from launcher.initializers.knobs import INIT_KNOBS
+from launcher.initializers.state import own_state_directory
+import contextlib
 
 LEASE = "lease"
 LOG_EVERY = 5.0
@@ -71,9 +72,16 @@ class Holder:
     def decode(cls, raw: bytes | None) -> Holder | None:
         try:
             data = json.loads(raw or b"")
-            return cls(id=str(data["id"]), hostname=str(data["hostname"]), pid=int(data["pid"]),
-                       ttl=float(data["ttl"]), beat=int(data["beat"]), node=data.get("node"),
-                       start=data.get("start"), time=str(data.get("time", "")))
+            return cls(
+                id=str(data["id"]),
+                hostname=str(data["hostname"]),
+                pid=int(data["pid"]),
+                ttl=float(data["ttl"]),
+                beat=int(data["beat"]),
+                node=data.get("node"),
+                start=data.get("start"),
+                time=str(data.get("time", "")),
+            )
         except (ValueError, TypeError, KeyError):
             return None  # empty (just created), torn by a concurrent rewrite, or not ours
 
@@ -127,9 +135,11 @@ class Watch:
     def line(self, target: str, now: float, waited: float, wait: float) -> str:
         who = self.holder.who() if self.holder else "an unreadable lease"
         limit = f"giving up after {wait:.0f}s" if wait else "no time limit"
-        return (f"{target}: another initializer is writing it; waiting for the lease held by {who} "
-                f"(seen for {now - self.first_seen:.0f}s, last heartbeat {now - self.changed:.0f}s ago, "
-                f"stale after {self.limit():.0f}s without one; waited {waited:.0f}s, {limit})")
+        return (
+            f"{target}: another initializer is writing it; waiting for the lease held by {who} "
+            f"(seen for {now - self.first_seen:.0f}s, last heartbeat {now - self.changed:.0f}s ago, "
+            f"stale after {self.limit():.0f}s without one; waited {waited:.0f}s, {limit})"
+        )
 
 
 def dead_here(holder: Holder | None, here: str | None, start_of: Callable[[int], str | None]) -> bool:
@@ -196,8 +206,7 @@ def _wall() -> str:
 class Lease:
     """A lease this process holds: renewed by a daemon thread until :meth:`release`."""
 
-    def __init__(self, path: str, fd: int, holder: Holder, on_lost: Callable[[str], None],
-                 log: Callable[[str], None]):
+    def __init__(self, path: str, fd: int, holder: Holder, on_lost: Callable[[str], None], log: Callable[[str], None]):
         self.path, self.fd, self.holder, self.on_lost, self.log = path, fd, holder, on_lost, log
         self._released = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
@@ -224,8 +233,10 @@ class Lease:
                 return
             if now_there is None or now_there.id != self.holder.id:
                 who = now_there.who() if now_there else "nobody"
-                return self._lost(f"the lease {self.path} was taken over by {who} (this initializer "
-                                  f"did not renew it for {self.holder.ttl:.0f}s); stopping so that only one writes")
+                return self._lost(
+                    f"the lease {self.path} was taken over by {who} (this initializer "
+                    f"did not renew it for {self.holder.ttl:.0f}s); stopping so that only one writes"
+                )
             last_ok = time.monotonic()
 
     def _lost(self, message: str) -> None:
@@ -246,10 +257,8 @@ class Lease:
         except OSError:
             pass  # a waiter takes it over after the TTL
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
 
 
 def _create(path: str, data: bytes) -> int | None:
@@ -293,16 +302,20 @@ def take_over(directory: str, stale: bytes, generation: int, mine: bytes) -> int
         os.close(fd)
         return None
     for generation_seen in range(generation + 1):  # X never returns: its claims mean nothing now
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(_claim_path(directory, stale, generation_seen))
-        except FileNotFoundError:
-            pass
     return fd
 
 
-def acquire(target: str, ttl: float, wait: float, log: Callable[[str], None],
-            on_lost: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
-            sleep: Callable[[float], None] = time.sleep) -> Lease:
+def acquire(
+    target: str,
+    ttl: float,
+    wait: float,
+    log: Callable[[str], None],
+    on_lost: Callable[[str], None],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Lease:
     """Hold the target's lease, waiting for (or taking over from) another holder. Raises
     :class:`LeaseTimeout` after ``wait`` seconds (0: no limit) of a lease that stays live."""
     os.makedirs(target, exist_ok=True)
@@ -310,8 +323,7 @@ def acquire(target: str, ttl: float, wait: float, log: Callable[[str], None],
     path = os.path.join(directory, LEASE)
     _remove_planted_link(path, log)
     here = this_node()
-    me = Holder(secrets.token_hex(8), socket.gethostname(), os.getpid(), ttl, 0, here,
-                start_of("self"), _wall())
+    me = Holder(secrets.token_hex(8), socket.gethostname(), os.getpid(), ttl, 0, here, start_of("self"), _wall())
     watch = Watch(ttl)
     started = clock()
     logged: float | None = None
@@ -320,7 +332,9 @@ def acquire(target: str, ttl: float, wait: float, log: Callable[[str], None],
         fd = _create(path, me.encode())
         if fd is not None:
             if logged is not None:
-                log(f"{target}: the lease was released; this initializer holds it now (waited {clock() - started:.0f}s)")
+                log(
+                    f"{target}: the lease was released; this initializer holds it now (waited {clock() - started:.0f}s)"
+                )
             break
         raw = _read(path)
         if raw is None:  # released between our create and our read: try to create again
@@ -335,21 +349,23 @@ def acquire(target: str, ttl: float, wait: float, log: Callable[[str], None],
                 fd = take_over(directory, raw, generation, me.encode())
                 if fd is not None:
                     why = "its process is gone" if gone else f"no heartbeat for {now - watch.changed:.0f}s"
-                    log(f"{target}: took over the lease of {watch.holder.who() if watch.holder else 'an unreadable lease'} ({why})")
+                    log(
+                        f"{target}: took over the lease of {watch.holder.who() if watch.holder else 'an unreadable lease'} ({why})"
+                    )
                     break
                 watch.claim_taken(now)
         if wait and now - started >= wait:
             who = watch.holder.who() if watch.holder else "an unreadable lease"
-            raise LeaseTimeout(f"gave up after waiting {wait:.0f}s ({INIT_KNOBS['lease_wait'].env}) for the lease "
-                               f"{path}, held by {who} and still renewed {now - watch.changed:.0f}s ago")
+            raise LeaseTimeout(
+                f"gave up after waiting {wait:.0f}s ({INIT_KNOBS['lease_wait'].env}) for the lease "
+                f"{path}, held by {who} and still renewed {now - watch.changed:.0f}s ago"
+            )
         if logged is None or now - logged >= LOG_EVERY:
             log(watch.line(target, now, now - started, wait))
             logged = now
         sleep(poll)
     for name in os.listdir(directory):  # claims on leases that are gone mean nothing any more
         if name.startswith(f"{LEASE}.claim-"):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
     return Lease(path, fd, me, on_lost, log)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from launcher.core.outcome import Reasons
 from launcher.initializers.errors import PermanentError
@@ -90,8 +91,10 @@ def refuse_clashes(files: list[RemoteFile]) -> None:
     by_path: dict[str, RemoteFile] = {}
     for file in files:
         if (first := by_path.setdefault(file.path, file)) is not file:
-            raise PermanentError(f"the listing has {_named(first)} and {_named(file)}, which both land on "
-                                 f"{file.path!r}", Reasons.PATH_CLASH)
+            raise PermanentError(
+                f"the listing has {_named(first)} and {_named(file)}, which both land on {file.path!r}",
+                Reasons.PATH_CLASH,
+            )
     directories: set[str] = set()
     for file in files:
         directory = file.path
@@ -101,8 +104,11 @@ def refuse_clashes(files: list[RemoteFile]) -> None:
                 break  # this directory and the ones above it are checked already
             directories.add(directory)
             if (blocking := by_path.get(directory)) is not None:
-                raise PermanentError(f"the listing has {_named(blocking)}, which lands on {directory!r}, and "
-                                     f"{_named(file)}, which needs {directory!r} as a directory", Reasons.PATH_CLASH)
+                raise PermanentError(
+                    f"the listing has {_named(blocking)}, which lands on {directory!r}, and "
+                    f"{_named(file)}, which needs {directory!r} as a directory",
+                    Reasons.PATH_CLASH,
+                )
 
 
 def _named(file: RemoteFile) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class Progress:
@@ -43,8 +43,10 @@ class Progress:
         rate = self.bytes / elapsed
         left = max(self.total_bytes - self.bytes, 0)
         eta = f", ETA {left / rate:.0f}s" if rate > 0 and self.total_bytes else ""
-        return (f"{self.files}/{self.total_files} files, {self.bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB, "
-                f"{rate / 1e6:.1f} MB/s{eta}")
+        return (
+            f"{self.files}/{self.total_files} files, {self.bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB, "
+            f"{rate / 1e6:.1f} MB/s{eta}"
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

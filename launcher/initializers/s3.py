@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 import threading
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from launcher.core.outcome import Reason, Reasons
 from launcher.initializers.errors import CorruptDataError, PermanentError, TransientError
@@ -19,8 +20,10 @@ if TYPE_CHECKING:
 # are transient).
 S3_PERMANENT_CODES: dict[str, Reason] = {
     **dict.fromkeys(("NoSuchBucket", "NoSuchKey", "404", "NotFound"), Reasons.NOT_FOUND),
-    **dict.fromkeys(("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "401",
-                     "ExpiredToken", "InvalidToken"), Reasons.AUTH_FAILED),
+    **dict.fromkeys(
+        ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "401", "ExpiredToken", "InvalidToken"),
+        Reasons.AUTH_FAILED,
+    ),
 }
 # botocore's own errors (raised before any request) that mean the configuration is wrong: a retry
 # finds the same environment. The rest (EndpointConnectionError, timeouts, ...) are transient.
@@ -41,8 +44,11 @@ OBSTORE_PERMANENT: dict[str, Reason] = {
     "UnauthenticatedError": Reasons.AUTH_FAILED,
     "UnknownConfigurationKeyError": Reasons.CONFIG_ERROR,
 }
-OBSTORE_PERMANENT_STATUS: dict[int, Reason] = {401: Reasons.AUTH_FAILED, 403: Reasons.AUTH_FAILED,
-                                               404: Reasons.NOT_FOUND}
+OBSTORE_PERMANENT_STATUS: dict[int, Reason] = {
+    401: Reasons.AUTH_FAILED,
+    403: Reasons.AUTH_FAILED,
+    404: Reasons.NOT_FOUND,
+}
 _NO_CREDENTIALS = "no credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY (or ROLE_ARN)"
 
 
@@ -75,19 +81,29 @@ class S3Source:
         self.bucket, self.prefix = uri.authority, uri.path
         session_args = {}
         if settings.access_key_id and settings.secret_access_key:
-            session_args = {"aws_access_key_id": settings.access_key_id,
-                            "aws_secret_access_key": settings.secret_access_key}
+            session_args = {
+                "aws_access_key_id": settings.access_key_id,
+                "aws_secret_access_key": settings.secret_access_key,
+            }
         region = None if settings.region in (None, "", "auto") else settings.region
-        config = Config(retries={"max_attempts": 3, "mode": "standard"}, max_pool_connections=64,
-                        connect_timeout=10, read_timeout=60)
+        config = Config(
+            retries={"max_attempts": 3, "mode": "standard"},
+            max_pool_connections=64,
+            connect_timeout=10,
+            read_timeout=60,
+        )
         session = _session(region_name=region or "us-east-1", **session_args)
         if settings.role_arn:
             sts = session.client("sts", endpoint_url=settings.endpoint, config=config)
-            creds = self.call(lambda: sts.assume_role(RoleArn=settings.role_arn, RoleSessionName="trainer-launcher"),
-                               "assume role")["Credentials"]
-            session = _session(aws_access_key_id=creds["AccessKeyId"],
-                               aws_secret_access_key=creds["SecretAccessKey"],
-                               aws_session_token=creds["SessionToken"], region_name=region or "us-east-1")
+            creds = self.call(
+                lambda: sts.assume_role(RoleArn=settings.role_arn, RoleSessionName="trainer-launcher"), "assume role"
+            )["Credentials"]
+            session = _session(
+                aws_access_key_id=creds["AccessKeyId"],
+                aws_secret_access_key=creds["SecretAccessKey"],
+                aws_session_token=creds["SessionToken"],
+                region_name=region or "us-east-1",
+            )
         self.client = session.client("s3", endpoint_url=settings.endpoint, config=config)
         self._session, self._endpoint, self._region = session, settings.endpoint, region or "us-east-1"
         self._ca_bundle = settings.ca_bundle
@@ -122,7 +138,11 @@ class S3Source:
     def list(self) -> list[RemoteFile]:
         def page_through() -> list[dict]:
             paginator = self.client.get_paginator("list_objects_v2")
-            return [o for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix) for o in page.get("Contents", [])]
+            return [
+                o
+                for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix)
+                for o in page.get("Contents", [])
+            ]
 
         objects = self.call(page_through, f"list s3://{self.bucket}/{self.prefix}")
         base = self.prefix if not self.prefix or self.prefix.endswith("/") else self.prefix + "/"
@@ -134,7 +154,7 @@ class S3Source:
             if key == self.prefix:
                 relative = key.rsplit("/", 1)[-1]  # the prefix names one object
             elif key.startswith(base):
-                relative = key[len(base):]
+                relative = key[len(base) :]
             else:
                 continue  # s3://b/data also matches data2/...: not below the prefix
             etag = obj.get("ETag", "").strip('"')
@@ -185,8 +205,9 @@ class S3Source:
 
     def _read_with_boto3(self, file: RemoteFile, start: int, chunk_size: int, end: int | None) -> Iterator[bytes]:
         ranged = {"Range": f"bytes={start}-{'' if end is None else end - 1}"} if start or end is not None else {}
-        body = self.call(lambda: self.client.get_object(Bucket=self.bucket, Key=file.key, **ranged),
-                          f"get {file.key!r}")["Body"]
+        body = self.call(
+            lambda: self.client.get_object(Bucket=self.bucket, Key=file.key, **ranged), f"get {file.key!r}"
+        )["Body"]
         try:
             yield from body.iter_chunks(chunk_size)
         except Exception as error:  # noqa: BLE001 - a broken body: the engine retries or resumes
@@ -201,20 +222,32 @@ class S3Source:
             if self._store is None:
                 from obstore.store import S3Store
 
-                options = {"connect_timeout": "10s", "read_timeout": "60s", "timeout": "24h",
-                           "allow_http": bool(self._endpoint and self._endpoint.startswith("http://")),
-                           **self._as_boto3_would_connect()}
+                options = {
+                    "connect_timeout": "10s",
+                    "read_timeout": "60s",
+                    "timeout": "24h",
+                    "allow_http": bool(self._endpoint and self._endpoint.startswith("http://")),
+                    **self._as_boto3_would_connect(),
+                }
                 # A few quick retries inside a request; the engine's own backoff covers the rest.
-                retry = {"max_retries": 2, "retry_timeout": timedelta(seconds=30),
-                         "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2),
-                                     "base": 2}}
+                retry = {
+                    "max_retries": 2,
+                    "retry_timeout": timedelta(seconds=30),
+                    "backoff": {
+                        "init_backoff": timedelta(milliseconds=100),
+                        "max_backoff": timedelta(seconds=2),
+                        "base": 2,
+                    },
+                }
                 where = {"endpoint": self._endpoint, "virtual_hosted_style_request": False} if self._endpoint else {}
                 credentials = self._session.get_credentials()
-                signing = {"credential_provider": _Credentials(credentials)} if credentials else {"skip_signature": True}
-                self._store = S3Store(self.bucket, region=self._region, client_options=options, retry_config=retry,
-                                      **where, **signing)
+                signing = (
+                    {"credential_provider": _Credentials(credentials)} if credentials else {"skip_signature": True}
+                )
+                self._store = S3Store(
+                    self.bucket, region=self._region, client_options=options, retry_config=retry, **where, **signing
+                )
         return self._store
-
 
     def _as_boto3_would_connect(self) -> dict:
         """The environment boto3 honours for its connections: HTTP(S)_PROXY with NO_PROXY, and
@@ -232,8 +265,9 @@ class S3Source:
                 with open(self._ca_bundle) as handle:
                     options["root_certificate"] = handle.read()
             except OSError as error:
-                raise PermanentError(f"AWS_CA_BUNDLE={self._ca_bundle}: {error.strerror}",
-                                     Reasons.CONFIG_ERROR) from None
+                raise PermanentError(
+                    f"AWS_CA_BUNDLE={self._ca_bundle}: {error.strerror}", Reasons.CONFIG_ERROR
+                ) from None
         return options
 
 
@@ -247,8 +281,12 @@ class _Credentials:
     def __call__(self) -> dict:
         frozen = self._credentials.get_frozen_credentials()
         refreshable = hasattr(self._credentials, "refresh_needed")
-        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key, "token": frozen.token,
-                "expires_at": datetime.now(timezone.utc) + timedelta(minutes=5) if refreshable else None}
+        return {
+            "access_key_id": frozen.access_key,
+            "secret_access_key": frozen.secret_key,
+            "token": frozen.token,
+            "expires_at": datetime.now(UTC) + timedelta(minutes=5) if refreshable else None,
+        }
 
 
 def obstore_error(error: Exception, what: str) -> Exception:

@@ -8,7 +8,15 @@ from typing import Annotated, Any
 from pydantic_settings import NoDecode
 
 from launcher.core.settings import (
-    Invalid, Settings, field, int_in, knob_field, parse_bool, parse_duration, parse_url, parsed,
+    Invalid,
+    Settings,
+    field,
+    int_in,
+    knob_field,
+    parse_bool,
+    parse_duration,
+    parse_url,
+    parsed,
 )
 from launcher.initializers.knobs import INIT_KNOBS
 
@@ -54,19 +62,24 @@ class InitSettings(S3Settings):
 
     storage_uri: str | None = field("STORAGE_URI", None, "where to download from")
     ignore_patterns: Annotated[tuple[str, ...] | None, NoDecode, parsed(parse_patterns)] = field(
-        "IGNORE_PATTERNS", None, "comma-separated globs to skip")
+        "IGNORE_PATTERNS", None, "comma-separated globs to skip"
+    )
     allow_patterns: Annotated[tuple[str, ...] | None, NoDecode, parsed(parse_patterns)] = field(
-        "ALLOW_PATTERNS", None, "comma-separated globs to fetch (all when unset)")
+        "ALLOW_PATTERNS", None, "comma-separated globs to fetch (all when unset)"
+    )
     access_token: str | None = field("ACCESS_TOKEN", None, "hf: token", secret=True)
     output_path: str | None = _init_knob("output_path", None, "OUTPUT_PATH")
     revision: str | None = _init_knob("revision", None)
     concurrency: Annotated[int, NoDecode, parsed(int_in(1, 256, "a number of parallel transfers"))] = _init_knob(
-        "concurrency", 8)
+        "concurrency", 8
+    )
     chunk_size: Annotated[int, NoDecode, parsed(int_in(65536, 1 << 30, "a chunk size in bytes"))] = _init_knob(
-        "chunk_size", 8 << 20)
+        "chunk_size", 8 << 20
+    )
     retries: Annotated[int, NoDecode, parsed(int_in(0, 100, "a retry count"))] = _init_knob("retries", 6)
     ranged_min: Annotated[int, NoDecode, parsed(int_in(1 << 20, 1 << 50, "a size in bytes"))] = _init_knob(
-        "ranged_min", 64 << 20)
+        "ranged_min", 64 << 20
+    )
     extract: Annotated[bool, NoDecode, parsed(parse_bool)] = _init_knob("extract", False)
     # A missed heartbeat or two (a slow volume, a starved node) must not hand the target to a
     # second writer; a crashed holder on another node costs its successor this long.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 from urllib.parse import quote
 
 from launcher.core.outcome import Reasons
@@ -131,7 +131,11 @@ class HubSource:
 
     def call(self, function, what: str):
         from huggingface_hub.errors import (
-            EntryNotFoundError, GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError,
+            EntryNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
         )
 
         try:
@@ -155,12 +159,20 @@ class HubSource:
 
         api = HfApi(token=self.token or False)
         what = f"hf://{self.repo_id}"
-        info = self.call(lambda: api.repo_info(self.repo_id, repo_type=self.repo_type, revision=self.revision),
-                         what)
+        info = self.call(lambda: api.repo_info(self.repo_id, repo_type=self.repo_type, revision=self.revision), what)
         self.commit = info.sha
-        entries = self.call(lambda: list(api.list_repo_tree(self.repo_id, path_in_repo=self.subfolder or None,
-                                                            recursive=True, repo_type=self.repo_type,
-                                                            revision=self.commit)), what)
+        entries = self.call(
+            lambda: list(
+                api.list_repo_tree(
+                    self.repo_id,
+                    path_in_repo=self.subfolder or None,
+                    recursive=True,
+                    repo_type=self.repo_type,
+                    revision=self.commit,
+                )
+            ),
+            what,
+        )
         base = f"{self.subfolder.rstrip('/')}/" if self.subfolder else ""
         files = []
         for entry in entries:
@@ -168,11 +180,12 @@ class HubSource:
                 continue  # a folder
             lfs = getattr(entry, "lfs", None)
             checksum = ("sha256", lfs.sha256) if lfs else ("git-sha1", entry.blob_id)
-            relative = entry.path[len(base):] if entry.path.startswith(base) else entry.path
+            relative = entry.path[len(base) :] if entry.path.startswith(base) else entry.path
             files.append(RemoteFile(relative, entry.size, checksum, self.commit, entry.path))
         if not files:
-            raise PermanentError(f"{what}: no files{' under ' + self.subfolder if self.subfolder else ''}",
-                                 Reasons.NOT_FOUND)
+            raise PermanentError(
+                f"{what}: no files{' under ' + self.subfolder if self.subfolder else ''}", Reasons.NOT_FOUND
+            )
         return files
 
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:

@@ -14,7 +14,7 @@ import json
 import os
 import stat
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 STATE_DIR = ".trainer-launcher"
 
@@ -61,8 +61,11 @@ def read_state(path: str) -> bytes | None:
         os.close(fd)
 
 
-_PART_MODES = {"rb": os.O_RDONLY, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-               "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
+_PART_MODES = {
+    "rb": os.O_RDONLY,
+    "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+}
 
 
 def open_part(path: str, mode: str):
@@ -117,8 +120,10 @@ def own_directory(path: str, log: Callable[[str], None]) -> None:
     except FileExistsError:
         pass
     if os.path.islink(path):
-        log(f"{path}: a symbolic link where the initializer keeps its state; replaced by a directory "
-            f"(its target left alone)")
+        log(
+            f"{path}: a symbolic link where the initializer keeps its state; replaced by a directory "
+            f"(its target left alone)"
+        )
         os.unlink(path)
         os.mkdir(path)
     # A file there is no directory: the first write under it fails with ENOTDIR, a permanent BadPath.

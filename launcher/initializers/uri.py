@@ -36,7 +36,9 @@ def redact_uri(uri: str) -> str:
 
 def parse_storage_uri(raw: str, allowed: tuple[str, ...] = SCHEMES, name: str = "STORAGE_URI") -> StorageUri:
     if len(raw) > 2048 or not _CONTRACT.match(raw):
-        raise ConfigError(name, redact_uri(raw), "SCHEME://... of at most 2048 characters, e.g. hf://owner/name or s3://bucket/prefix")
+        raise ConfigError(
+            name, redact_uri(raw), "SCHEME://... of at most 2048 characters, e.g. hf://owner/name or s3://bucket/prefix"
+        )
     try:
         parts = urlsplit(raw)
     except ValueError as error:  # s3://[ : an unclosed IPv6 bracket
@@ -46,8 +48,9 @@ def parse_storage_uri(raw: str, allowed: tuple[str, ...] = SCHEMES, name: str = 
         raise ConfigError(name, redact_uri(raw), f"one of the schemes {', '.join(s + '://' for s in allowed)}")
     if scheme == "hf":
         if "@" in parts.netloc:  # the owner would carry them, into every message naming the repo
-            raise ConfigError(name, redact_uri(raw), "hf://OWNER/NAME[/SUBFOLDER] without credentials: the token goes "
-                                                     "in ACCESS_TOKEN")
+            raise ConfigError(
+                name, redact_uri(raw), "hf://OWNER/NAME[/SUBFOLDER] without credentials: the token goes in ACCESS_TOKEN"
+            )
         segments = [s for s in f"{parts.netloc}{parts.path}".split("/") if s]
         if len(segments) < 2 or any(s in (".", "..") for s in segments):
             raise ConfigError(name, redact_uri(raw), "hf://OWNER/NAME[/SUBFOLDER]")

@@ -39,5 +39,13 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
 def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
     from launcher.jax.local import run_local
 
-    return run_local(overrides, given(args, JAX_KNOBS, "jax_"), rest, args.nnodes, args.nproc_per_node,
-                     args.trainjob, args.master_port, args.isolation)
+    return run_local(
+        overrides,
+        given(args, JAX_KNOBS, "jax_"),
+        rest,
+        args.nnodes,
+        args.nproc_per_node,
+        args.trainjob,
+        args.master_port,
+        args.isolation,
+    )

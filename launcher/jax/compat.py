@@ -85,17 +85,26 @@ def coordination_store() -> Store | None:
 
         client = internals.global_state.client
     except (ImportError, AttributeError) as error:
-        feature_off(feature, f"jax._src.distributed.global_state.client is not there ({error}); each process "
-                    "exits with its own code and names itself")
+        feature_off(
+            feature,
+            f"jax._src.distributed.global_state.client is not there ({error}); each process "
+            "exits with its own code and names itself",
+        )
         return None
     if client is None:
-        feature_off(feature, "jax.distributed.initialize() left no coordination client in "
-                    "jax._src.distributed.global_state; each process exits with its own code and names itself")
+        feature_off(
+            feature,
+            "jax.distributed.initialize() left no coordination client in "
+            "jax._src.distributed.global_state; each process exits with its own code and names itself",
+        )
         return None
     missing = [name for name in _STORE_METHODS if not callable(getattr(client, name, None))]
     if missing:
-        feature_off(feature, f"jax's coordination client has no {', '.join(missing)}; each process exits with its "
-                    "own code and names itself")
+        feature_off(
+            feature,
+            f"jax's coordination client has no {', '.join(missing)}; each process exits with its "
+            "own code and names itself",
+        )
         return None
     return Store(client)
 
@@ -106,7 +115,9 @@ def cpu_collectives(jax, value: str) -> None:
     try:
         jax.config.update("jax_cpu_collectives_implementation", value)
     except (AttributeError, KeyError) as error:  # no such option in this jax
-        feature_off(f"JAX_CPU_COLLECTIVES_IMPLEMENTATION={value}",
-                    f"this jax has no jax_cpu_collectives_implementation option ({error})")
+        feature_off(
+            f"JAX_CPU_COLLECTIVES_IMPLEMENTATION={value}",
+            f"this jax has no jax_cpu_collectives_implementation option ({error})",
+        )
     except Exception:  # noqa: BLE001 - a value it refuses: its own error later
         pass

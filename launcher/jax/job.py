@@ -17,9 +17,9 @@ import re
 from typing import TYPE_CHECKING
 
 from launcher import status
-from launcher.export.step import Export
 from launcher.core import lifecycle, python_argv
 from launcher.core.supervisor import Child, Supervisor
+from launcher.export.step import Export
 from launcher.jax.plan import REPORT_ENV, runner_argv
 
 if TYPE_CHECKING:
@@ -70,8 +70,9 @@ class JaxPod(lifecycle.Pod):
         self.go_word = life.go_pipe()
         argv = list(runner_argv(command, RUNNER))
         at = argv.index(RUNNER) + 1
-        self.runner = life.spawn("jax", [*argv[:at], "--go-fd", str(self.go_word.child_fd), *argv[at:]],
-                                 pipes=(self.go_word,))
+        self.runner = life.spawn(
+            "jax", [*argv[:at], "--go-fd", str(self.go_word.child_fd), *argv[at:]], pipes=(self.go_word,)
+        )
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
         plan = make_plan(self.jax_overrides, self.rest, life.launcher)
@@ -109,12 +110,14 @@ class JaxPod(lifecycle.Pod):
         child = self.child or self.runner or supervisor.first_failure
         if child is None:
             return terminated(supervisor.received_signal).on_node(life.node)
-        return jax_outcome(life.plan, supervisor, child, _read_report(life.path("report.json")),
-                           life.launcher.retryable_exit_codes)
+        return jax_outcome(
+            life.plan, supervisor, child, _read_report(life.path("report.json")), life.launcher.retryable_exit_codes
+        )
 
 
-def make_plan(jax_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings,
-              require_program: bool = True) -> JaxPlan:
+def make_plan(
+    jax_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings, require_program: bool = True
+) -> JaxPlan:
     """Validate JAX_* and the launcher's knobs, read the host, plan."""
     from launcher.core import settings, versions
     from launcher.core.devices import probe_host
@@ -128,14 +131,21 @@ def make_plan(jax_overrides: dict[str, Override], rest: list[str], launcher: Lau
     jax = load_jax(jax_overrides)
     if not rest:
         if require_program:
-            raise ConfigError("PROGRAM", None, "a program after --: trainer-launcher jax [OPTIONS] -- PROGRAM [ARGS...], "
-                                               "e.g. -- python train.py")
+            raise ConfigError(
+                "PROGRAM",
+                None,
+                "a program after --: trainer-launcher jax [OPTIONS] -- PROGRAM [ARGS...], e.g. -- python train.py",
+            )
         rest = list(PLACEHOLDER)
     host = probe_host(settings.load(HostEnv))
-    sources = {name: source for name in JaxSettings.model_fields
-               if (source := settings.source_of(JaxSettings, name, jax_overrides))}
-    facts = JaxFacts(hostname=host.hostname, gpu_count=host.gpu_count, runner=RUNNER,
-                     rendezvous_timeout=launcher.rendezvous_timeout)
+    sources = {
+        name: source
+        for name in JaxSettings.model_fields
+        if (source := settings.source_of(JaxSettings, name, jax_overrides))
+    }
+    facts = JaxFacts(
+        hostname=host.hostname, gpu_count=host.gpu_count, runner=RUNNER, rendezvous_timeout=launcher.rendezvous_timeout
+    )
     return plan_jax(jax, facts, tuple(rest), sources)
 
 
@@ -172,10 +182,12 @@ def _coordinator_never_came(plan: JaxPlan, launcher: LauncherSettings, error: Wa
 
     host = plan.coordinator[0] if plan.coordinator else None
     pod = host.split(".")[0] if host and not host[:1].isdigit() and not host.startswith("[") else host
-    return Outcome.of(Reasons.RENDEZVOUS_TIMEOUT,
-                      f"JAX process {plan.process_id} on {plan.node} waited {launcher.rendezvous_timeout:g}s for the "
-                      f"coordinator {plan.coordinator_address} (JAX process 0): {error}",
-                      RootCause(node=pod, rank=0))
+    return Outcome.of(
+        Reasons.RENDEZVOUS_TIMEOUT,
+        f"JAX process {plan.process_id} on {plan.node} waited {launcher.rendezvous_timeout:g}s for the "
+        f"coordinator {plan.coordinator_address} (JAX process 0): {error}",
+        RootCause(node=pod, rank=0),
+    )
 
 
 def _read_report(path: str) -> dict:
@@ -191,7 +203,15 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
     """How this pod's JAX process ended, as a row of the exit-code table that names the process."""
     from launcher.core.job_outcome import stopped_by
     from launcher.core.outcome import (
-        Outcome, Reasons, RootCause, classify, internal_error, last_lines, signal_name, success, terminated,
+        Outcome,
+        Reasons,
+        RootCause,
+        classify,
+        internal_error,
+        last_lines,
+        signal_name,
+        success,
+        terminated,
     )
 
     node, pid = plan.node, plan.process_id
@@ -205,43 +225,70 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
         returncode = code
     if supervisor.received_signal is not None and supervisor.first_failure is not child:
         return terminated(supervisor.received_signal).on_node(node)
-    cause = RootCause(node=node, rank=pid, exit_code=returncode if returncode > 0 else None,
-                      signal=signal_name(-returncode) if returncode < 0 else None)
+    cause = RootCause(
+        node=node,
+        rank=pid,
+        exit_code=returncode if returncode > 0 else None,
+        signal=signal_name(-returncode) if returncode < 0 else None,
+    )
     what = f"JAX process {pid} on {node}"
     tail = last_lines(child.tail)
     if role == "victim" and isinstance(report.get("stoppedBy"), dict):
         record = report["stoppedBy"]
         root = RootCause(node=record.get("node"), rank=record.get("processId"), exit_code=record.get("exitCode"))
-        outcome = classify(int(record.get("exitCode") or 1), retryable_codes=codes, root_cause=root,
-                           what=f"JAX process {root.rank} on {root.node}")
+        outcome = classify(
+            int(record.get("exitCode") or 1),
+            retryable_codes=codes,
+            root_cause=root,
+            what=f"JAX process {root.rank} on {root.node}",
+        )
         outcome = stopped_by(outcome, what)
         return outcome.with_extra(error=record["error"]) if record.get("error") else outcome
     if role == "launcher":  # the runner's own bug, not the program's failure (launcher/core/crash.py)
         return internal_error(str(report.get("error")), report.get("where"), node).with_extra(**tail)
     if role == "init":
-        return Outcome.of(Reasons.RENDEZVOUS_FAILED,
-                          f"{what} could not join the coordinator at {plan.coordinator_address}: {report.get('error')}",
-                          cause, child.evidence, tail)
+        return Outcome.of(
+            Reasons.RENDEZVOUS_FAILED,
+            f"{what} could not join the coordinator at {plan.coordinator_address}: {report.get('error')}",
+            cause,
+            child.evidence,
+            tail,
+        )
     if role == "version":  # the runner refused the interpreter's jax before importing it (core/versions.py)
         return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {report.get('error')}", RootCause(node=node, rank=pid))
     if role == "import":
-        return Outcome.of(Reasons.CONFIG_ERROR, f"{plan.argv[0]} cannot import jax: {report.get('error')}",
-                          RootCause(node=node, rank=pid))
+        return Outcome.of(
+            Reasons.CONFIG_ERROR,
+            f"{plan.argv[0]} cannot import jax: {report.get('error')}",
+            RootCause(node=node, rank=pid),
+        )
     if role == "lost":
-        return Outcome.of(Reasons.PEER_LOST, f"{what} lost a peer that never said why: {report.get('error')}",
-                          cause, report.get("error"), tail)
+        return Outcome.of(
+            Reasons.PEER_LOST,
+            f"{what} lost a peer that never said why: {report.get('error')}",
+            cause,
+            report.get("error"),
+            tail,
+        )
     text = "\n".join(child.tail)
     if role is None and _DUPLICATE_ID.search(text):
-        return Outcome.of(Reasons.DUPLICATE_PROCESS_ID,
-                          f"{what} was aborted by JAX: another process registered as JAX process {pid} too, so two "
-                          f"pods share JAX_PROCESS_ID={pid}. Trainer sets it to the Job completion index, which "
-                          "restarts at 0 in every Job of a replicatedJob with replicas > 1 (multi-slice; "
-                          "kubeflow/trainer#3537)",
-                          cause)
+        return Outcome.of(
+            Reasons.DUPLICATE_PROCESS_ID,
+            f"{what} was aborted by JAX: another process registered as JAX process {pid} too, so two "
+            f"pods share JAX_PROCESS_ID={pid}. Trainer sets it to the Job completion index, which "
+            "restarts at 0 in every Job of a replicatedJob with replicas > 1 (multi-slice; "
+            "kubeflow/trainer#3537)",
+            cause,
+        )
     if role is None and _SERVICE_FATAL.search(text):
-        return Outcome.of(Reasons.PEER_LOST,
-                          f"{what} was aborted by JAX: its coordination service reported another process's failure "
-                          "or loss (that process's pod names the root cause)", cause, child.evidence, tail)
+        return Outcome.of(
+            Reasons.PEER_LOST,
+            f"{what} was aborted by JAX: its coordination service reported another process's failure "
+            "or loss (that process's pod names the root cause)",
+            cause,
+            child.evidence,
+            tail,
+        )
     outcome = classify(returncode, retryable_codes=codes, evidence=child.evidence, root_cause=cause, what=what)
     if report.get("error"):
         tail = {**tail, "error": report["error"]}

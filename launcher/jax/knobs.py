@@ -6,7 +6,9 @@ from launcher.core.knobs import Knob
 
 JAX_KNOBS: dict[str, Knob] = {
     "initialize": Knob(
-        "LAUNCHER_JAX_INITIALIZE", "--jax-initialize",
+        "LAUNCHER_JAX_INITIALIZE",
+        "--jax-initialize",
         "1 (default): run a Python program through launcher.jax.run, which calls jax.distributed.initialize() "
-        "from JAX_* before the program (the program's own call then does nothing); 0: run the program as given"),
+        "from JAX_* before the program (the program's own call then does nothing); 0: run the program as given",
+    ),
 }

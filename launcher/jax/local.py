@@ -19,25 +19,39 @@ CONTROLLER_VARIABLES = ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_
 def node_env(job: Pods, index: int, coordinator_port: int, base: dict[str, str]) -> dict[str, str]:
     """What the controller injects into the ``node`` container of pod ``index``."""
     env = {k: v for k, v in job.base_env(index, base).items() if k not in CONTROLLER_VARIABLES}
-    env.update({
-        "JAX_NUM_PROCESSES": str(job.nnodes),
-        "JAX_PROCESS_ID": str(index),
-        "JAX_COORDINATOR_ADDRESS": f"{job.address(0)}:{coordinator_port}",
-    })
+    env.update(
+        {
+            "JAX_NUM_PROCESSES": str(job.nnodes),
+            "JAX_PROCESS_ID": str(index),
+            "JAX_COORDINATOR_ADDRESS": f"{job.address(0)}:{coordinator_port}",
+        }
+    )
     return env
 
 
-def run_local(launcher_overrides: dict[str, Override], jax_overrides: dict[str, Override], rest: list[str],
-              nnodes: str, nproc_per_node: str, trainjob: str, master_port: str | None, isolation: str) -> int:
+def run_local(
+    launcher_overrides: dict[str, Override],
+    jax_overrides: dict[str, Override],
+    rest: list[str],
+    nnodes: str,
+    nproc_per_node: str,
+    trainjob: str,
+    master_port: str | None,
+    isolation: str,
+) -> int:
     def body(launcher: LauncherSettings) -> Outcome:
         job = pods(nnodes, trainjob, isolation)
         if nproc_per_node.strip() != "1":
-            raise ConfigError("--nproc-per-node", nproc_per_node,
-                              "1: a JAX pod runs one process, which uses every device of its pod")
+            raise ConfigError(
+                "--nproc-per-node", nproc_per_node, "1: a JAX pod runs one process, which uses every device of its pod"
+            )
         coordinator_port = port(master_port)
         if not rest:
-            raise ConfigError("PROGRAM", None, "a program: trainer-launcher local --framework jax --nnodes N -- "
-                                               "python SCRIPT [ARGS...]")
+            raise ConfigError(
+                "PROGRAM",
+                None,
+                "a program: trainer-launcher local --framework jax --nnodes N -- python SCRIPT [ARGS...]",
+            )
         knobs = knob_args(launcher_overrides) + knob_args(jax_overrides)
 
         def pod_command(index: int) -> tuple[list[str], dict[str, str]]:

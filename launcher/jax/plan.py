@@ -83,10 +83,13 @@ def _runner_choice(jax: JaxSettings, program: tuple[str, ...]) -> tuple[python_a
         return None, "a single process without JAX_COORDINATOR_ADDRESS: nothing to initialize"
     command = python_argv.parse(program)
     if command is None:
-        return None, ("not a `python [OPTIONS] SCRIPT|-m MODULE|-c CODE` command: the program initializes "
-                      "JAX itself, from the JAX_* variables")
-    return command, ("jax.distributed.initialize() from JAX_* before the program; the program's own call "
-                     "then does nothing")
+        return None, (
+            "not a `python [OPTIONS] SCRIPT|-m MODULE|-c CODE` command: the program initializes "
+            "JAX itself, from the JAX_* variables"
+        )
+    return command, (
+        "jax.distributed.initialize() from JAX_* before the program; the program's own call then does nothing"
+    )
 
 
 def plan_jax(jax: JaxSettings, facts: JaxFacts, program: tuple[str, ...], sources: dict[str, str]) -> JaxPlan:

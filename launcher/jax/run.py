@@ -65,7 +65,9 @@ def _say(message: str) -> None:
 # The runner every framework shares (launcher/runner/program.py), loaded by path: it runs the program
 # exactly as python would, and loads the launcher's other stdlib-only files the same way.
 _spec = importlib.util.spec_from_file_location(
-    "_trainer_launcher_program", os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"))
+    "_trainer_launcher_program",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"),
+)
 program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(program)
 
@@ -127,8 +129,10 @@ class Config:
         self.report_path = environ.get(REPORT_ENV) or None
         self.node = environ.get("HOSTNAME") or socket.gethostname()
         if self.process_id >= self.num_processes:
-            _usage_error(f"JAX_PROCESS_ID={self.process_id!r}: expected a process id from 0 to "
-                         f"{self.num_processes - 1} (JAX_NUM_PROCESSES={self.num_processes})")
+            _usage_error(
+                f"JAX_PROCESS_ID={self.process_id!r}: expected a process id from 0 to "
+                f"{self.num_processes - 1} (JAX_NUM_PROCESSES={self.num_processes})"
+            )
         if self.coordinator is None and self.num_processes > 1:
             _usage_error("JAX_COORDINATOR_ADDRESS is unset: expected HOST:PORT of process 0's coordinator")
 
@@ -209,10 +213,12 @@ class Session:
     def initialize(self) -> None:
         config = self.config
         try:
-            self.jax.distributed.initialize(coordinator_address=config.coordinator,
-                                            num_processes=config.num_processes,
-                                            process_id=config.process_id,
-                                            initialization_timeout=config.init_timeout)
+            self.jax.distributed.initialize(
+                coordinator_address=config.coordinator,
+                num_processes=config.num_processes,
+                process_id=config.process_id,
+                initialization_timeout=config.init_timeout,
+            )
         except Exception as error:  # noqa: BLE001 - JAX raises its own runtime error types
             text = program.describe(error)
             report(config, {"role": "init", "processId": config.process_id, "error": text})
@@ -231,14 +237,16 @@ class Session:
         config, jax = self.config, self.jax
         said = []
 
-        def initialize(coordinator_address=None, num_processes=None, process_id=None, local_device_ids=None,
-                       *args, **kwargs):
+        def initialize(
+            coordinator_address=None, num_processes=None, process_id=None, local_device_ids=None, *args, **kwargs
+        ):
             if num_processes not in (None, config.num_processes) or process_id not in (None, config.process_id):
                 raise RuntimeError(
                     f"jax.distributed.initialize(num_processes={num_processes!r}, process_id={process_id!r}): "
                     f"trainer-launcher already initialized this process as process {config.process_id} of "
                     f"{config.num_processes} (JAX_PROCESS_ID, JAX_NUM_PROCESSES); run with "
-                    "LAUNCHER_JAX_INITIALIZE=0 to initialize it yourself")
+                    "LAUNCHER_JAX_INITIALIZE=0 to initialize it yourself"
+                )
             ignored = []
             if coordinator_address not in (None, config.coordinator):
                 ignored.append(f"coordinator_address={coordinator_address!r}")
@@ -246,8 +254,10 @@ class Session:
                 ignored.append(f"local_device_ids={local_device_ids!r}")
             if ignored and not said:
                 said.append(True)
-                _say(f"jax.distributed.initialize() ignored {', '.join(ignored)}: trainer-launcher initialized "
-                     f"this process already, with coordinator {config.coordinator}")
+                _say(
+                    f"jax.distributed.initialize() ignored {', '.join(ignored)}: trainer-launcher initialized "
+                    f"this process already, with coordinator {config.coordinator}"
+                )
 
         def shutdown():
             self.finish()
@@ -275,8 +285,10 @@ class Session:
         """A peer failed first: hand its record to the launcher and exit with its code."""
         config = self.config
         report(config, {"role": "victim", "processId": config.process_id, "stoppedBy": record})
-        _say(f"process {config.process_id} stops: process {record.get('processId')} on {record.get('node')} "
-             f"failed first (exit code {record.get('exitCode')})")
+        _say(
+            f"process {config.process_id} stops: process {record.get('processId')} on {record.get('node')} "
+            f"failed first (exit code {record.get('exitCode')})"
+        )
         self._leave_store()
         leave(int(record.get("exitCode") or 1))
 
@@ -348,7 +360,6 @@ class Session:
         self._watcher.join()
 
 
-
 def _import_jax():
     """(jax, None), or (None, the error in a line): ImportError, or a broken install, said after go."""
     try:
@@ -369,8 +380,10 @@ def crashed(error: BaseException, report_path: str | None) -> None:
 
     traceback.print_exception(error)
     if report_path:
-        report(Config({REPORT_ENV: report_path}), {"role": "launcher", "error": crash.describe(error),
-                                                    "where": crash.crash_site(error)})
+        report(
+            Config({REPORT_ENV: report_path}),
+            {"role": "launcher", "error": crash.describe(error), "where": crash.crash_site(error)},
+        )
     leave(crash.INTERNAL_ERROR)
 
 

@@ -14,9 +14,19 @@ from typing import Annotated, Any
 from pydantic_settings import NoDecode
 
 from launcher.core import settings
-from launcher.core.outcome import ConfigError
-from launcher.core.settings import Invalid, Settings, field, int_in, knob_field, parse_bool, parse_host, parsed, split_host_port
 from launcher.core.knobs import Override
+from launcher.core.outcome import ConfigError
+from launcher.core.settings import (
+    Invalid,
+    Settings,
+    field,
+    int_in,
+    knob_field,
+    parse_bool,
+    parse_host,
+    parsed,
+    split_host_port,
+)
 from launcher.jax.knobs import JAX_KNOBS
 
 MAX_PROCESSES = 100_000
@@ -26,8 +36,10 @@ _jax_knob = functools.partial(knob_field, JAX_KNOBS)
 
 def parse_coordinator(raw: Any) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6): JAX needs the port, it binds it on process 0."""
-    expected = ("HOST:PORT of process 0's coordinator: a DNS name or IP address (IPv6 in brackets, [fd00::1]:29500) "
-                "and a port from 1 to 65535")
+    expected = (
+        "HOST:PORT of process 0's coordinator: a DNS name or IP address (IPv6 in brackets, [fd00::1]:29500) "
+        "and a port from 1 to 65535"
+    )
     if isinstance(raw, tuple):
         return raw
     text = str(raw).strip()
@@ -45,14 +57,18 @@ class JaxSettings(Settings):
     """Trainer's JAX variables and the JAX role's own knobs."""
 
     num_processes: Annotated[int, NoDecode, parsed(int_in(1, MAX_PROCESSES, "a process count"))] = field(
-        "JAX_NUM_PROCESSES", 1, "JAX processes in the job, one per pod")
+        "JAX_NUM_PROCESSES", 1, "JAX processes in the job, one per pod"
+    )
     process_id: Annotated[int, NoDecode, parsed(int_in(0, MAX_PROCESSES - 1, "a process id"))] = field(
-        ("JAX_PROCESS_ID", "JOB_COMPLETION_INDEX"), 0, "this pod's JAX process id")
+        ("JAX_PROCESS_ID", "JOB_COMPLETION_INDEX"), 0, "this pod's JAX process id"
+    )
     coordinator: Annotated[tuple[str, int] | None, NoDecode, parsed(parse_coordinator)] = field(
-        "JAX_COORDINATOR_ADDRESS", None, "process 0's coordination service, HOST:PORT")
+        "JAX_COORDINATOR_ADDRESS", None, "process 0's coordination service, HOST:PORT"
+    )
     # Read only to leave the user's choice alone; JAX itself validates it.
     cpu_collectives: str | None = field(
-        "JAX_CPU_COLLECTIVES_IMPLEMENTATION", None, "JAX's cross-process collectives on CPU")
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION", None, "JAX's cross-process collectives on CPU"
+    )
     initialize: Annotated[bool, NoDecode, parsed(parse_bool)] = _jax_knob("initialize", True)
 
 
@@ -61,11 +77,16 @@ def load_jax(overrides: dict[str, Override] | None = None) -> JaxSettings:
     jax = settings.load(JaxSettings, overrides)
     if jax.process_id >= jax.num_processes:
         source = settings.source_of(JaxSettings, "process_id", overrides) or "JAX_PROCESS_ID"
-        raise ConfigError(source, settings.raw_value(JaxSettings, "process_id", overrides),
-                          f"a process id from 0 to {jax.num_processes - 1} "
-                          f"(JAX_NUM_PROCESSES={jax.num_processes})")
+        raise ConfigError(
+            source,
+            settings.raw_value(JaxSettings, "process_id", overrides),
+            f"a process id from 0 to {jax.num_processes - 1} (JAX_NUM_PROCESSES={jax.num_processes})",
+        )
     if jax.num_processes > 1 and jax.coordinator is None:
-        raise ConfigError("JAX_COORDINATOR_ADDRESS", None,
-                          f"HOST:PORT of process 0's coordinator when JAX_NUM_PROCESSES={jax.num_processes} "
-                          "(Trainer sets <trainjob>-node-0-0.<trainjob>:29500)")
+        raise ConfigError(
+            "JAX_COORDINATOR_ADDRESS",
+            None,
+            f"HOST:PORT of process 0's coordinator when JAX_NUM_PROCESSES={jax.num_processes} "
+            "(Trainer sets <trainjob>-node-0-0.<trainjob>:29500)",
+        )
     return jax

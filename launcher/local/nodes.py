@@ -17,8 +17,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from launcher.core import log, settings
 from launcher.core.job_outcome import NodeOutcome, root_cause
@@ -63,10 +63,11 @@ class Pods:
 
 def node_prefix(index: int) -> Callable[[str], str]:
     """Prefix each line with its pod (and rank, where the framework tags lines ``[rank-N]:``)."""
+
     def transform(line: str) -> str:
         match = _RANK_LINE.match(line)
         if match:
-            return f"[node-{index} rank-{match[1]}] {line[match.end():]}"
+            return f"[node-{index} rank-{match[1]}] {line[match.end() :]}"
         return f"[node-{index}] {line}"
 
     return transform
@@ -138,11 +139,16 @@ def pods(nnodes: str, trainjob: str, isolation: str) -> Pods:
             raise ValueError
         parse_host(trainjob)
     except ValueError:
-        raise ConfigError("--trainjob", trainjob, "a TrainJob name: lowercase letters, digits and '-', at most 40") from None
+        raise ConfigError(
+            "--trainjob", trainjob, "a TrainJob name: lowercase letters, digits and '-', at most 40"
+        ) from None
     problem = None if isolation == "none" else isolation_problem()
     if isolation == "namespaces" and problem:
-        raise ConfigError("--isolation", isolation, f"a host that allows per-node namespaces, but {problem} "
-                                                    "(use --isolation auto or none)")
+        raise ConfigError(
+            "--isolation",
+            isolation,
+            f"a host that allows per-node namespaces, but {problem} (use --isolation auto or none)",
+        )
     return Pods(count, trainjob, isolation != "none" and problem is None, problem)
 
 
@@ -159,8 +165,9 @@ def knob_args(overrides: dict[str, Override]) -> list[str]:
     return [arg for name, o in overrides.items() if name != "termination_log" for arg in (o.source, str(o.value))]
 
 
-def run_pods(pods: Pods, launcher: LauncherSettings, summary: str,
-             pod_command: Callable[[int], tuple[list[str], dict[str, str]]]) -> Outcome:
+def run_pods(
+    pods: Pods, launcher: LauncherSettings, summary: str, pod_command: Callable[[int], tuple[list[str], dict[str, str]]]
+) -> Outcome:
     """Run every pod's ``(argv, env)`` under one supervisor; the job's outcome names the root cause."""
     workdir = tempfile.mkdtemp(prefix="trainer-launcher-local-")
     try:
@@ -168,8 +175,15 @@ def run_pods(pods: Pods, launcher: LauncherSettings, summary: str,
         if pods.namespaces:  # isolation_problem() found /etc/hosts there
             with open("/etc/hosts") as current, open(hosts, "w") as private:
                 private.write(pods.hosts_file(current.read()))
-        isolation = " (per-node namespaces)" if pods.namespaces else (
-            f" (no per-node namespaces: {pods.without_namespaces_because})" if pods.without_namespaces_because else "")
+        isolation = (
+            " (per-node namespaces)"
+            if pods.namespaces
+            else (
+                f" (no per-node namespaces: {pods.without_namespaces_because})"
+                if pods.without_namespaces_because
+                else ""
+            )
+        )
         log.info(f"local: {summary}{isolation}")
         nodes: list[Child] = []
         with Supervisor(launcher.grace_period, evidence_regex(launcher.retryable_pattern)) as supervisor:
@@ -185,12 +199,17 @@ def run_pods(pods: Pods, launcher: LauncherSettings, summary: str,
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def local_outcome(supervisor: Supervisor, nodes: list[Child], workdir: str, codes: frozenset[int], pods: Pods) -> Outcome:
+def local_outcome(
+    supervisor: Supervisor, nodes: list[Child], workdir: str, codes: frozenset[int], pods: Pods
+) -> Outcome:
     """One outcome for the whole job: the pod that failed on its own first is the root cause
     (launcher.core.job_outcome), not a pod that stopped because of it, nor one whose processes only
     saw a peer vanish, even if it exited a moment earlier. All pods share this machine's clock."""
-    said = [NodeOutcome(index, pods.pod(index), _node_outcome(index, node, workdir, codes, pods), node.exited_at)
-            for index, node in enumerate(nodes) if node.returncode not in (0, None)]
+    said = [
+        NodeOutcome(index, pods.pod(index), _node_outcome(index, node, workdir, codes, pods), node.exited_at)
+        for index, node in enumerate(nodes)
+        if node.returncode not in (0, None)
+    ]
     root = root_cause(said)
     if root is not None:
         return root.outcome
@@ -206,5 +225,6 @@ def _node_outcome(index: int, node: Child, workdir: str, codes: frozenset[int], 
         with open(os.path.join(workdir, f"node-{index}.json")) as handle:
             return Outcome.from_json(json.load(handle))
     except (OSError, ValueError, KeyError):
-        return classify(node.returncode, retryable_codes=codes, evidence=node.evidence,
-                        what=f"node {pods.pod(index)}").on_node(pods.pod(index))
+        return classify(
+            node.returncode, retryable_codes=codes, evidence=node.evidence, what=f"node {pods.pod(index)}"
+        ).on_node(pods.pod(index))

@@ -9,19 +9,26 @@ from launcher.mpi.knobs import MPI_KNOBS
 
 NAME = "mpi"
 HELP = "MPI launcher role (mpirun from the Trainer hostfile), or --worker (sshd)"
-USAGE = ("trainer-launcher mpi [OPTIONS] -- [MPIRUN FLAGS] PROGRAM [ARGS...]\n"
-         "       trainer-launcher mpi --worker [OPTIONS]")
+USAGE = (
+    "trainer-launcher mpi [OPTIONS] -- [MPIRUN FLAGS] PROGRAM [ARGS...]\n       trainer-launcher mpi --worker [OPTIONS]"
+)
 KNOBS = MPI_KNOBS
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--worker", action="store_true", help="run the worker role: sshd on the ssh port with the mounted keys")
+    parser.add_argument(
+        "--worker", action="store_true", help="run the worker role: sshd on the ssh port with the mounted keys"
+    )
 
 
 def add_local_options(parser: argparse.ArgumentParser) -> None:
     """``local``'s options for an MPI TrainJob; ``--mpi`` alone picks this framework."""
-    parser.add_argument("--mpi", choices=["openmpi", "intel", "mpich"], default=None,
-                        help="emulate an MPI TrainJob with this MPI (workers with sshd, a launcher pod); needs root")
+    parser.add_argument(
+        "--mpi",
+        choices=["openmpi", "intel", "mpich"],
+        default=None,
+        help="emulate an MPI TrainJob with this MPI (workers with sshd, a launcher pod); needs root",
+    )
     parser.add_argument("--user", default="mpiuser", help="with --mpi: the unprivileged user sshd and mpirun run as")
 
 
@@ -49,5 +56,13 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
 def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
     from launcher.mpi.local import run_local_mpi
 
-    return run_local_mpi(overrides, given(args, MPI_KNOBS, "mpi_"), rest, args.mpi or "openmpi", args.nnodes,
-                         args.nproc_per_node, args.trainjob, args.user)
+    return run_local_mpi(
+        overrides,
+        given(args, MPI_KNOBS, "mpi_"),
+        rest,
+        args.mpi or "openmpi",
+        args.nnodes,
+        args.nproc_per_node,
+        args.trainjob,
+        args.user,
+    )

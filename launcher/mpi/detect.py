@@ -31,8 +31,10 @@ class MpiImpl:
 def parse_version(text: str) -> tuple[str, int | None] | None:
     """``mpirun (Open MPI) 5.0.11``; ``Intel(R) MPI Library ..., Version 2021.19``;
     ``HYDRA build details: Version: 4.0.2`` (MPICH)."""
-    if match := (re.search(r"\((?:Open MPI|OpenRTE)\)\s+(\d+)\.", text)  # mpirun / Debian's mpiexec 4.x
-                 or re.search(r"Open MPI.*?v?(\d+)\.\d+", text)):
+    if match := (
+        re.search(r"\((?:Open MPI|OpenRTE)\)\s+(\d+)\.", text)  # mpirun / Debian's mpiexec 4.x
+        or re.search(r"Open MPI.*?v?(\d+)\.\d+", text)
+    ):
         return "openmpi", int(match[1])
     if match := re.search(r"Intel\(R\) MPI Library.*?Version\s+(\d+)", text, re.S):
         return "intel", int(match[1])
@@ -69,8 +71,9 @@ def detect(explicit_launcher: str | None, wanted: str, source: str = "LAUNCHER_M
         return MpiImpl(wanted, major, launcher)
     if found is None:
         first = output.strip().splitlines()[0] if output.strip() else ""
-        raise ConfigError("LAUNCHER_MPI_IMPLEMENTATION", "auto",
-                          f"openmpi, intel or mpich: '{launcher} --version' printed {first!r}")
+        raise ConfigError(
+            "LAUNCHER_MPI_IMPLEMENTATION", "auto", f"openmpi, intel or mpich: '{launcher} --version' printed {first!r}"
+        )
     return MpiImpl(found[0], found[1], launcher)
 
 

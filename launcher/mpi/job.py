@@ -10,25 +10,31 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable
 
 from launcher import status
-from launcher.export.step import Export
 from launcher.core import lifecycle, log, netwait, settings, versions
 from launcher.core.exec_job import CommandPod, node_name
+from launcher.core.outcome import (
+    PEER_LOSS_PATTERN,
+    ConfigError,
+    Outcome,
+    Reasons,
+    RootCause,
+    classify,
+    evidence_regex,
+)
+from launcher.core.settings import HostEnv, LauncherSettings, Override
+from launcher.core.supervisor import Child
+from launcher.export.step import Export
 from launcher.mpi import ssh
 from launcher.mpi.detect import MpiImpl, detect, find_libmpi
 from launcher.mpi.hostfile import Host, parse_hostfile
 from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, known_hosts_text, plan_mpi, split_mpirun_args
 from launcher.mpi.rank import REPORT_ENV
 from launcher.mpi.reports import RankFailure, RankReports, facing_address
-from launcher.core.outcome import (
-    PEER_LOSS_PATTERN, ConfigError, Outcome, Reasons, RootCause, classify, evidence_regex,
-)
-from launcher.core.settings import HostEnv, LauncherSettings, Override
 from launcher.mpi.settings import MpiSettings
-from launcher.core.supervisor import Child
 
 # How the MPIs name the rank that brought the job down (MPI_Abort, as `python -m mpi4py` calls it).
 _ABORT_RANK = (
@@ -80,7 +86,9 @@ def facts(rest: list[str], impl: MpiImpl) -> MpiFacts:
     )
 
 
-def make_plan(mpi_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings) -> tuple[MpiSettings, MpiPlan]:
+def make_plan(
+    mpi_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings
+) -> tuple[MpiSettings, MpiPlan]:
     """Read the MPI settings and the hostfile, detect the MPI, plan the run. A hostfile option in
     the mpirun flags (the SDK's `mpirun --hostfile /etc/mpi/hostfile ...`) names the hostfile."""
     # The ranks check their own mpi4py too (launcher.mpi.rank): their interpreter may be another.
@@ -89,11 +97,11 @@ def make_plan(mpi_overrides: dict[str, Override], rest: list[str], launcher: Lau
         mpi_overrides = {**mpi_overrides, "hostfile": Override(option[1], f"mpirun {option[0]}")}
     mpi = settings.load(MpiSettings, mpi_overrides)
     hosts = read_hosts(mpi, mpi_overrides)
-    impl = detect(mpi.mpirun, mpi.implementation,
-                  settings.source_of(MpiSettings, "mpirun", mpi_overrides) or "mpirun")
+    impl = detect(mpi.mpirun, mpi.implementation, settings.source_of(MpiSettings, "mpirun", mpi_overrides) or "mpirun")
     sources = {"hostfile": settings.source_of(MpiSettings, "hostfile", mpi_overrides) or "default"}
-    plan = plan_mpi(mpi, impl, hosts, rest, settings.environ(), facts(rest, impl), sources,
-                    watch_hangs=launcher.hang_timeout > 0)
+    plan = plan_mpi(
+        mpi, impl, hosts, rest, settings.environ(), facts(rest, impl), sources, watch_hangs=launcher.hang_timeout > 0
+    )
     return mpi, plan
 
 
@@ -125,13 +133,17 @@ class MpiPod(CommandPod):
         ssh.write_private(plan.ssh_wrapper_path, plan.ssh_wrapper_text, 0o700)
         if plan.known_hosts_path is None:
             knob = settings.source_of(MpiSettings, "ssh_host_key_checking", self.mpi_overrides)
-            log.warning(f"mpi: {knob or 'LAUNCHER_SSH_HOST_KEY_CHECKING'}=off: ssh accepts any host key from the "
-                        "workers, so a host on the pod network could pose as one")
+            log.warning(
+                f"mpi: {knob or 'LAUNCHER_SSH_HOST_KEY_CHECKING'}=off: ssh accepts any host key from the "
+                "workers, so a host on the pod network could pose as one"
+            )
         self.mpi_plan, self.command, self.env = plan, list(plan.argv), {**settings.environ(), **plan.env_set}
         # Where the ranks in the workers' pods reach this one (the failure reports, the hang's stacks).
         self.facing = facing_address(plan.wait_hosts, plan.ssh_port)
-        summary = (f"mpi: {plan.impl.name} {plan.impl.major or ''} on {len(plan.hosts)} hosts, "
-                   f"{plan.ranks if plan.ranks is not None else 'user-set'} ranks: {' '.join(plan.argv[:8])} ...")
+        summary = (
+            f"mpi: {plan.impl.name} {plan.impl.major or ''} on {len(plan.hosts)} hosts, "
+            f"{plan.ranks if plan.ranks is not None else 'user-set'} ranks: {' '.join(plan.argv[:8])} ..."
+        )
         # This pod sends the job's status. The ranks may run in the workers' pods, which cannot reach
         # a relay here: their status URL is left alone, and a hang's stacks come from them over the
         # board at the facing address.
@@ -150,8 +162,10 @@ class MpiPod(CommandPod):
             try:
                 self.reports = RankReports(*self.facing)
             except OSError as error:
-                log.warning(f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
-                            "the failing rank is named from mpirun's output only")
+                log.warning(
+                    f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
+                    "the failing rank is named from mpirun's output only"
+                )
                 self.env = {REPORT_ENV: "", **self.env}
             else:
                 life.closing(self.reports.close)
@@ -192,10 +206,13 @@ def host_key_refused(host: str | None) -> Outcome:
     or the name reached another host); a restart meets the same key, so the runtimes' policy
     fails the job at once rather than retrying into it."""
     who = host or "a worker (ssh did not say which)"
-    return Outcome.of(Reasons.HOST_KEY_MISMATCH,
-                      f"ssh refused {who}: its host key does not match the mounted Secret's key, which the worker "
-                      f"role's sshd serves (a worker whose own sshd has host keys of its own needs "
-                      f"LAUNCHER_SSH_HOST_KEY_CHECKING=off)", RootCause(node=host) if host else None)
+    return Outcome.of(
+        Reasons.HOST_KEY_MISMATCH,
+        f"ssh refused {who}: its host key does not match the mounted Secret's key, which the worker "
+        f"role's sshd serves (a worker whose own sshd has host keys of its own needs "
+        f"LAUNCHER_SSH_HOST_KEY_CHECKING=off)",
+        RootCause(node=host) if host else None,
+    )
 
 
 def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher: LauncherSettings) -> Outcome:
@@ -209,11 +226,18 @@ def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher:
     if not received or cause is None:
         return outcome
     own = next((report for report in received if report.rank == cause.rank), None)
-    if (outcome.reason == Reasons.NODE_FAULT and cause.exit_code and PEER_LOSS_PATTERN.search(outcome.evidence or "")
-            and not evidence_regex(launcher.retryable_pattern).search(own.error or "" if own else "")):
-        outcome = classify(cause.exit_code, retryable_codes=launcher.retryable_exit_codes, root_cause=cause,
-                           what=f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
-                           ).with_extra(**outcome.extra)
+    if (
+        outcome.reason == Reasons.NODE_FAULT
+        and cause.exit_code
+        and PEER_LOSS_PATTERN.search(outcome.evidence or "")
+        and not evidence_regex(launcher.retryable_pattern).search(own.error or "" if own else "")
+    ):
+        outcome = classify(
+            cause.exit_code,
+            retryable_codes=launcher.retryable_exit_codes,
+            root_cause=cause,
+            what=f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else ""),
+        ).with_extra(**outcome.extra)
     extra: dict = {"failedRanks": [report.rank for report in received]}
     if own is not None and own.error:
         extra["error"] = own.error
@@ -234,8 +258,13 @@ def root_cause(plan: MpiPlan, child: Child, cause: RootCause, received: list[Ran
         first = received[0]
         silent = said.rank is not None and said.rank not in {report.rank for report in received}
         if not (silent and PEER_LOSS_PATTERN.search(first.error or "")):
-            return replace(cause, rank=first.rank, local_rank=first.local_rank, node=first.host,
-                           exit_code=first.exit_code if first.exit_code is not None else cause.exit_code)
+            return replace(
+                cause,
+                rank=first.rank,
+                local_rank=first.local_rank,
+                node=first.host,
+                exit_code=first.exit_code if first.exit_code is not None else cause.exit_code,
+            )
     cause = said
     if cause.rank is not None and cause.node is None and plan.ranks is not None:
         first_rank = 0
@@ -287,10 +316,14 @@ class MpiWorkerPod(CommandPod):
         config = os.path.join(mpi.ssh_dir, "sshd_config")
         environ = settings.environ()
         session_env = {k: environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if environ.get(k)}
-        ssh.write_private(config, ssh.sshd_config(mpi.ssh_dir, mpi.ssh_port, mpi.ssh_listen_address,
-                                                  os.geteuid() == 0, session_env))
+        ssh.write_private(
+            config, ssh.sshd_config(mpi.ssh_dir, mpi.ssh_port, mpi.ssh_listen_address, os.geteuid() == 0, session_env)
+        )
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation, root only
         self.command = [sshd, "-D", "-e", "-f", config]
-        return lifecycle.Planned(None, node_name(), f"mpi worker: sshd on port {mpi.ssh_port} as uid {os.getuid()} "
-                                                f"with keys from {mpi.ssh_auth_mount_path}")
+        return lifecycle.Planned(
+            None,
+            node_name(),
+            f"mpi worker: sshd on port {mpi.ssh_port} as uid {os.getuid()} with keys from {mpi.ssh_auth_mount_path}",
+        )

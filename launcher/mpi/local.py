@@ -20,11 +20,11 @@ import sys
 import tempfile
 
 from launcher.core import log, settings
-from launcher.local.nodes import UNSHARE_NODE, isolation_problem
 from launcher.core.outcome import ConfigError, Outcome, classify, success, terminated
 from launcher.core.report import run_command
 from launcher.core.settings import LauncherSettings, Override
 from launcher.core.supervisor import Supervisor
+from launcher.local.nodes import UNSHARE_NODE, isolation_problem
 
 CLONE_NEWNET = 0x40000000
 INTERFACE = "tl0"
@@ -39,20 +39,35 @@ def worker_ip(index: int) -> str:
     return f"127.0.0.{10 + index}"
 
 
-def run_local_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override], rest: list[str],
-                  implementation: str, nnodes: str, nproc: str, trainjob: str, user: str) -> int:
+def run_local_mpi(
+    launcher_overrides: dict[str, Override],
+    mpi_overrides: dict[str, Override],
+    rest: list[str],
+    implementation: str,
+    nnodes: str,
+    nproc: str,
+    trainjob: str,
+    user: str,
+) -> int:
     def body(launcher: LauncherSettings) -> Outcome:
         count = _count("--nnodes", nnodes, 1, 32)
         slots = _count("--nproc-per-node", nproc, 1, 256)
         if problem := isolation_problem(tools=("ip", "setpriv")):
-            raise ConfigError("--mpi", implementation, f"a host that allows per-node namespaces (each MPI node needs "
-                                                       f"its own), but {problem}")
+            raise ConfigError(
+                "--mpi",
+                implementation,
+                f"a host that allows per-node namespaces (each MPI node needs its own), but {problem}",
+            )
         if not rest:
-            raise ConfigError("PROGRAM", None, "a program: trainer-launcher local --mpi IMPL --nnodes N --nproc-per-node P -- PROGRAM")
+            raise ConfigError(
+                "PROGRAM", None, "a program: trainer-launcher local --mpi IMPL --nnodes N --nproc-per-node P -- PROGRAM"
+            )
         try:
             account = pwd.getpwnam(user)
         except KeyError:
-            raise ConfigError("--user", user, "an existing unprivileged user to run sshd and mpirun as (e.g. mpiuser)") from None
+            raise ConfigError(
+                "--user", user, "an existing unprivileged user to run sshd and mpirun as (e.g. mpiuser)"
+            ) from None
         return _run(launcher, launcher_overrides, mpi_overrides, rest, implementation, count, slots, trainjob, account)
 
     return run_command(launcher_overrides, body)
@@ -72,10 +87,13 @@ def _private_network(nnodes: int, on_interface: bool) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWNET) != 0:
         raise ConfigError("--mpi", "local", f"a new network namespace (unshare: {os.strerror(ctypes.get_errno())})")
-    commands = [["ip", "link", "set", "lo", "up"],
-                ["ip", "link", "add", INTERFACE, "type", "veth", "peer", "name", "tl1"],
-                ["ip", "link", "set", INTERFACE, "up"], ["ip", "link", "set", "tl1", "up"],
-                ["ip", "addr", "add", f"{LAUNCHER_IP}/8", "dev", INTERFACE]]
+    commands = [
+        ["ip", "link", "set", "lo", "up"],
+        ["ip", "link", "add", INTERFACE, "type", "veth", "peer", "name", "tl1"],
+        ["ip", "link", "set", INTERFACE, "up"],
+        ["ip", "link", "set", "tl1", "up"],
+        ["ip", "addr", "add", f"{LAUNCHER_IP}/8", "dev", INTERFACE],
+    ]
     if on_interface:
         commands += [["ip", "addr", "add", f"{worker_ip(i)}/8", "dev", INTERFACE] for i in range(nnodes)]
     for command in commands:
@@ -86,8 +104,23 @@ def _keys(workdir: str, gid: int) -> str:
     """An ssh Secret as Trainer mounts it: ECDSA P-521 as id_rsa, mode 0640, root-owned."""
     keys = os.path.join(workdir, "ssh-auth")
     os.makedirs(keys)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-C", "trainer-launcher-local",
-                    "-f", os.path.join(keys, "id_rsa")], check=True)
+    subprocess.run(
+        [
+            "ssh-keygen",
+            "-q",
+            "-t",
+            "ecdsa",
+            "-b",
+            "521",
+            "-N",
+            "",
+            "-C",
+            "trainer-launcher-local",
+            "-f",
+            os.path.join(keys, "id_rsa"),
+        ],
+        check=True,
+    )
     shutil.copy(os.path.join(keys, "id_rsa.pub"), os.path.join(keys, "authorized_keys"))
     for name, mode in (("id_rsa", 0o640), ("id_rsa.pub", 0o644), ("authorized_keys", 0o644)):
         os.chown(os.path.join(keys, name), 0, gid)
@@ -96,8 +129,17 @@ def _keys(workdir: str, gid: int) -> str:
     return keys
 
 
-def _run(launcher: LauncherSettings, launcher_overrides, mpi_overrides, rest, implementation: str,
-         nnodes: int, slots: int, trainjob: str, account: pwd.struct_passwd) -> Outcome:
+def _run(
+    launcher: LauncherSettings,
+    launcher_overrides,
+    mpi_overrides,
+    rest,
+    implementation: str,
+    nnodes: int,
+    slots: int,
+    trainjob: str,
+    account: pwd.struct_passwd,
+) -> Outcome:
     workdir = tempfile.mkdtemp(prefix="trainer-launcher-local-mpi-")
     os.chmod(workdir, 0o755)
     try:
@@ -115,29 +157,78 @@ def _run(launcher: LauncherSettings, launcher_overrides, mpi_overrides, rest, im
             handle.writelines(f"{pod}.{trainjob} slots={slots}\n" for pod in pods)
         os.chmod(hosts, 0o644)
         os.chmod(hostfile, 0o644)
-        knobs = [a for o in (*launcher_overrides.values(), *mpi_overrides.values()) if o.source != "--termination-log"
-                 for a in (o.source, str(o.value))]
+        knobs = [
+            a
+            for o in (*launcher_overrides.values(), *mpi_overrides.values())
+            if o.source != "--termination-log"
+            for a in (o.source, str(o.value))
+        ]
         base = {k: v for k, v in settings.environ().items() if not k.startswith(("OMPI_", "PRTE_", "PMIX_"))}
-        base.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name,
-                     # Open MPI may only use the cluster interface (it skips loopback-only hosts).
-                     "OMPI_MCA_btl_tcp_if_include": INTERFACE, "OMPI_MCA_oob_tcp_if_include": INTERFACE,
-                     "PRTE_MCA_oob_tcp_if_include": INTERFACE})
+        base.update(
+            {
+                "HOME": account.pw_dir,
+                "USER": account.pw_name,
+                "LOGNAME": account.pw_name,
+                # Open MPI may only use the cluster interface (it skips loopback-only hosts).
+                "OMPI_MCA_btl_tcp_if_include": INTERFACE,
+                "OMPI_MCA_oob_tcp_if_include": INTERFACE,
+                "PRTE_MCA_oob_tcp_if_include": INTERFACE,
+            }
+        )
         drop = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--"]
-        log.info(f"local: MPI ({implementation}) on {nnodes} worker pods x {slots} slots and a launcher pod, "
-                 f"ssh as {account.pw_name}")
+        log.info(
+            f"local: MPI ({implementation}) on {nnodes} worker pods x {slots} slots and a launcher pod, "
+            f"ssh as {account.pw_name}"
+        )
         with Supervisor(launcher.grace_period) as supervisor:
             for index, pod in enumerate(pods):
                 state = _pod_dir(workdir, pod, account)
-                argv = [sys.executable, "-m", "launcher", "mpi", "--worker", *knobs,
-                        "--ssh-auth-mount-path", keys, "--ssh-dir", state, "--ssh-listen-address", worker_ip(index)]
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "launcher",
+                    "mpi",
+                    "--worker",
+                    *knobs,
+                    "--ssh-auth-mount-path",
+                    keys,
+                    "--ssh-dir",
+                    state,
+                    "--ssh-listen-address",
+                    worker_ip(index),
+                ]
                 env = {**base, "HOSTNAME": pod, "LAUNCHER_TERMINATION_LOG": os.path.join(state, "termination.json")}
                 supervisor.spawn(pod, _enter(hosts, keys, pod, drop + argv), env, transform=_prefix(pod))
             state = _pod_dir(workdir, launcher_pod, account)
-            argv = [sys.executable, "-m", "launcher", "mpi", "--implementation", implementation, *knobs,
-                    "--hostfile", hostfile, "--ssh-auth-mount-path", keys, "--ssh-dir", state, "--", *rest]
-            env = {**base, "HOSTNAME": launcher_pod, "LAUNCHER_TERMINATION_LOG": os.path.join(state, "termination.json")}
-            main = supervisor.spawn(launcher_pod, _enter(hosts, keys, launcher_pod, drop + argv), env,
-                                    transform=_prefix(launcher_pod), primary=True)
+            argv = [
+                sys.executable,
+                "-m",
+                "launcher",
+                "mpi",
+                "--implementation",
+                implementation,
+                *knobs,
+                "--hostfile",
+                hostfile,
+                "--ssh-auth-mount-path",
+                keys,
+                "--ssh-dir",
+                state,
+                "--",
+                *rest,
+            ]
+            env = {
+                **base,
+                "HOSTNAME": launcher_pod,
+                "LAUNCHER_TERMINATION_LOG": os.path.join(state, "termination.json"),
+            }
+            main = supervisor.spawn(
+                launcher_pod,
+                _enter(hosts, keys, launcher_pod, drop + argv),
+                env,
+                transform=_prefix(launcher_pod),
+                primary=True,
+            )
             supervisor.run()
         return _outcome(supervisor, main, os.path.join(state, "termination.json"), launcher)
     finally:

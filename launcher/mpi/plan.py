@@ -16,16 +16,66 @@ from launcher.status.stacks import BOARD_ENV
 # Host-specific or launcher-internal variables: exporting them would give every rank the
 # launcher's identity, or confuse the MPI's own wiring.
 EXPORT_DENY = (
-    "HOSTNAME", "HOME", "PWD", "OLDPWD", "SHLVL", "USER", "LOGNAME", "SHELL", "TERM", "_",
-    "SSH_*", "*_VISIBLE_DEVICES", "OMPI_*", "PRTE_*", "PMIX_*", "PMI_*", "HYDRA_*", "I_MPI_HYDRA_*",
-    "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "LAUNCHER_*", "JOB_COMPLETION_INDEX", "TMPDIR",
+    "HOSTNAME",
+    "HOME",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "_",
+    "SSH_*",
+    "*_VISIBLE_DEVICES",
+    "OMPI_*",
+    "PRTE_*",
+    "PMIX_*",
+    "PMI_*",
+    "HYDRA_*",
+    "I_MPI_HYDRA_*",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "LAUNCHER_*",
+    "JOB_COMPLETION_INDEX",
+    "TMPDIR",
 )
 # mpirun options that take a value (two for the MCA-style ones); anything else is a switch.
 _ONE_VALUE = {
-    "-n", "--n", "-np", "--np", "-N", "-c", "-ppn", "--ppn", "-perhost", "--map-by", "--rank-by", "--bind-to",
-    "-x", "-H", "--host", "-host", "-hosts", "--hostfile", "-hostfile", "-f", "--machinefile",
-    "-machinefile", "-wdir", "--wdir", "-genvlist", "-envlist", "-launcher", "-launcher-exec",
-    "-bootstrap", "-bootstrap-exec", "--prefix", "-iface", "--output", "--timeout",
+    "-n",
+    "--n",
+    "-np",
+    "--np",
+    "-N",
+    "-c",
+    "-ppn",
+    "--ppn",
+    "-perhost",
+    "--map-by",
+    "--rank-by",
+    "--bind-to",
+    "-x",
+    "-H",
+    "--host",
+    "-host",
+    "-hosts",
+    "--hostfile",
+    "-hostfile",
+    "-f",
+    "--machinefile",
+    "-machinefile",
+    "-wdir",
+    "--wdir",
+    "-genvlist",
+    "-envlist",
+    "-launcher",
+    "-launcher-exec",
+    "-bootstrap",
+    "-bootstrap-exec",
+    "--prefix",
+    "-iface",
+    "--output",
+    "--timeout",
 }
 _TWO_VALUES = {"--mca", "-mca", "--prtemca", "--pmixmca", "--gmca", "-genv", "-env"}
 _RANK_COUNT = {"-n", "--n", "-np", "--np", "-c"}
@@ -75,8 +125,12 @@ class MpiPlan:
             "hosts": [{"name": h.name, "slots": h.slots} for h in self.hosts],
             "ranks": self.ranks,
             "hostfile": {"path": self.hostfile_path, "text": self.hostfile_text},
-            "ssh": {"config": self.ssh_config_path, "configText": self.ssh_config_text, "port": self.ssh_port,
-                    "knownHosts": self.known_hosts_path},
+            "ssh": {
+                "config": self.ssh_config_path,
+                "configText": self.ssh_config_text,
+                "port": self.ssh_port,
+                "knownHosts": self.known_hosts_path,
+            },
             "argv": list(self.argv),
             "env": {"set": self.env_set, "exported": list(self.exported)},
             "wait": {"hosts": list(self.wait_hosts), "port": self.ssh_port},
@@ -94,7 +148,7 @@ def _options(args: list[str] | tuple[str, ...]) -> tuple[list[tuple[str, ...]], 
             break
         flag = arg.split("=", 1)[0]
         width = 1 if "=" in arg else 3 if flag in _TWO_VALUES else 2 if flag in _ONE_VALUE else 1
-        options.append(tuple(args[i:i + width]))
+        options.append(tuple(args[i : i + width]))
         i += width
     return options, i
 
@@ -102,7 +156,7 @@ def _options(args: list[str] | tuple[str, ...]) -> tuple[list[tuple[str, ...]], 
 def split_mpirun_args(args: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``[MPIRUN FLAGS] PROGRAM [ARGS]`` -> (flags, program). ``--`` may separate them."""
     _, i = _options(args)
-    program = args[i + 1:] if i < len(args) and args[i] == "--" else args[i:]
+    program = args[i + 1 :] if i < len(args) and args[i] == "--" else args[i:]
     return tuple(args[:i]), tuple(program)
 
 
@@ -122,8 +176,13 @@ def exported_names(environ: dict[str, str], allow: tuple[str, ...], deny: tuple[
     def matches(name: str, globs: tuple[str, ...]) -> bool:
         return any(fnmatch.fnmatchcase(name, glob) for glob in globs)
 
-    return tuple(sorted(n for n in environ if matches(n, allow) and not matches(n, EXPORT_DENY + deny)
-                        and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)))
+    return tuple(
+        sorted(
+            n
+            for n in environ
+            if matches(n, allow) and not matches(n, EXPORT_DENY + deny) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n)
+        )
+    )
 
 
 def abort_on_exception(program: tuple[str, ...], facts: MpiFacts) -> tuple[str, ...]:
@@ -140,7 +199,7 @@ def abort_on_exception(program: tuple[str, ...], facts: MpiFacts) -> tuple[str, 
     i = 1
     while i < len(program) and re.fullmatch(r"-[uBEsSIOqbd]+|-OO|-[XW].*", program[i]):
         i += 2 if program[i] in ("-X", "-W") else 1  # -X dev / -W error take the next word
-    if program[i:i + 1] == ("-m",) and program[i + 1:i + 2] in (("mpi4py",), (RANK_MODULE,)):
+    if program[i : i + 1] == ("-m",) and program[i + 1 : i + 2] in (("mpi4py",), (RANK_MODULE,)):
         return program
     ours = program[0] == facts.python or os.path.dirname(program[0]) == os.path.dirname(facts.python)
     return (*program[:i], "-m", RANK_MODULE if ours else "mpi4py", *program[i:])
@@ -148,7 +207,7 @@ def abort_on_exception(program: tuple[str, ...], facts: MpiFacts) -> tuple[str, 
 
 def reports_to_launcher(program: tuple[str, ...]) -> bool:
     """Whether the ranks run launcher.mpi.rank (and so report their failures)."""
-    return any(program[i:i + 2] == ("-m", RANK_MODULE) for i in range(len(program) - 1))
+    return any(program[i : i + 2] == ("-m", RANK_MODULE) for i in range(len(program) - 1))
 
 
 def ssh_client_config(identity: str, port: int, known_hosts: str | None) -> str:
@@ -219,7 +278,11 @@ def plan_mpi(
 
     flags, program = split_mpirun_args(args)
     if not program:
-        raise ConfigError("PROGRAM", None, "a program after the options: trainer-launcher mpi [OPTIONS] -- [MPIRUN FLAGS] PROGRAM [ARGS...]")
+        raise ConfigError(
+            "PROGRAM",
+            None,
+            "a program after the options: trainer-launcher mpi [OPTIONS] -- [MPIRUN FLAGS] PROGRAM [ARGS...]",
+        )
     if facts.program_path and "/" not in program[0]:
         # The launcher's python3, not whatever the ranks' PATH finds first (Open MPI puts its
         # own prefix first on remote hosts).
@@ -232,8 +295,9 @@ def plan_mpi(
     wrapper = os.path.join(ssh_dir, "ssh")
     known_hosts = os.path.join(ssh_dir, "known_hosts") if settings.ssh_host_key_checking == "pinned" else None
     # The hostfile options go: the translated copy of the file they named takes their place.
-    flags = tuple(word for option in _options(flags)[0]
-                  if option[0].split("=", 1)[0] not in _HOSTFILE for word in option)
+    flags = tuple(
+        word for option in _options(flags)[0] if option[0].split("=", 1)[0] not in _HOSTFILE for word in option
+    )
     given = {f.split("=", 1)[0] for f in flags}
     user_counts = bool(given & _RANK_COUNT)
     ranks = None if user_counts else sum(h.slots for h in hosts)
@@ -253,14 +317,16 @@ def plan_mpi(
     if impl.flavor == "openmpi":
         per_host = uniform_slots(hosts)
         # Open MPI 4 (ORTE) and 5 (PRTE) read different names; set both so either works.
-        env.update({
-            "OMPI_MCA_orte_default_hostfile": hostfile_path,
-            "PRTE_MCA_prte_default_hostfile": hostfile_path,
-            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
-            "PRTE_MCA_prte_keep_fqdn_hostnames": "true",
-            "OMPI_MCA_plm_rsh_args": f"-F {ssh_config}",
-            "PRTE_MCA_plm_ssh_args": f"-F {ssh_config}",
-        })
+        env.update(
+            {
+                "OMPI_MCA_orte_default_hostfile": hostfile_path,
+                "PRTE_MCA_prte_default_hostfile": hostfile_path,
+                "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                "PRTE_MCA_prte_keep_fqdn_hostnames": "true",
+                "OMPI_MCA_plm_rsh_args": f"-F {ssh_config}",
+                "PRTE_MCA_plm_ssh_args": f"-F {ssh_config}",
+            }
+        )
         if per_host is not None:
             env["OMPI_MCA_orte_set_default_slots"] = env["PRTE_MCA_prte_set_default_slots"] = str(per_host)
         if facts.is_root:
@@ -280,11 +346,13 @@ def plan_mpi(
         if exported:
             argv += ["-genvlist", ",".join(exported)]
         if impl.name == "intel":
-            env.update({
-                "I_MPI_HYDRA_HOST_FILE": hostfile_path,
-                "I_MPI_HYDRA_BOOTSTRAP": "ssh",
-                "I_MPI_HYDRA_BOOTSTRAP_EXEC": wrapper,
-            })
+            env.update(
+                {
+                    "I_MPI_HYDRA_HOST_FILE": hostfile_path,
+                    "I_MPI_HYDRA_BOOTSTRAP": "ssh",
+                    "I_MPI_HYDRA_BOOTSTRAP_EXEC": wrapper,
+                }
+            )
             if per_host is not None:
                 env["I_MPI_PERHOST"] = str(per_host)
         else:
@@ -297,8 +365,7 @@ def plan_mpi(
     # to ssh to itself, where no sshd runs; written by its hostname, it starts those ranks locally.
     # Hydra finds its own host by address, and its remote proxies call back by the listed name,
     # which must resolve there: it keeps the DNS name.
-    rendered = tuple(Host(facts.hostname, h.slots) if h.name in mine and impl.flavor == "openmpi" else h
-                     for h in hosts)
+    rendered = tuple(Host(facts.hostname, h.slots) if h.name in mine and impl.flavor == "openmpi" else h for h in hosts)
     return MpiPlan(
         impl=impl,
         hosts=hosts,

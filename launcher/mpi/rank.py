@@ -49,14 +49,19 @@ def report(status: int, error: str | None, target: str | None = None) -> bool:
     if len(parts) != 3 or not parts[1].isdigit():
         return False
     address, port, token = parts[0], int(parts[1]), parts[2]
-    line = json.dumps({
-        "token": token,
-        "rank": _first_int(_RANK),
-        "localRank": _first_int(_LOCAL_RANK),
-        "host": socket.gethostname(),
-        "exitCode": status,
-        "error": error,
-    }) + "\n"
+    line = (
+        json.dumps(
+            {
+                "token": token,
+                "rank": _first_int(_RANK),
+                "localRank": _first_int(_LOCAL_RANK),
+                "host": socket.gethostname(),
+                "exitCode": status,
+                "error": error,
+            }
+        )
+        + "\n"
+    )
     try:
         with socket.create_connection((address, port), timeout=REPORT_TIMEOUT) as connection:
             connection.sendall(line.encode())

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from launcher.core.listener import TokenListener
 from launcher.mpi.rank import REPORT_ENV
+import contextlib
 
 _LINE_LIMIT = 64 * 1024
 
@@ -34,8 +35,13 @@ class RankFailure:
 
         if not isinstance(data, dict) or number(data.get("rank")) is None:
             return None
-        return cls(rank=data["rank"], host=text(data.get("host")), exit_code=number(data.get("exitCode")),
-                   local_rank=number(data.get("localRank")), error=text(data.get("error")))
+        return cls(
+            rank=data["rank"],
+            host=text(data.get("host")),
+            exit_code=number(data.get("exitCode")),
+            local_rank=number(data.get("localRank")),
+            error=text(data.get("error")),
+        )
 
 
 def facing_address(hosts: tuple[str, ...], port: int) -> tuple[int, str]:
@@ -73,7 +79,5 @@ class RankReports(TokenListener):
                 return
             with self._lock:
                 self._reports.append(report)
-            try:
+            with contextlib.suppress(OSError):
                 connection.sendall(b"ok\n")
-            except OSError:
-                pass

@@ -26,18 +26,26 @@ class MpiSettings(Settings):
     """The MPI launcher's and worker's knobs, and the variables Trainer's MPI policy sets."""
 
     hostfile: str = _mpi_knob(
-        "hostfile", "/etc/mpi/hostfile",
-        "OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile", "I_MPI_HYDRA_HOST_FILE", "HYDRA_HOST_FILE")
+        "hostfile",
+        "/etc/mpi/hostfile",
+        "OMPI_MCA_orte_default_hostfile",
+        "PRTE_MCA_prte_default_hostfile",
+        "I_MPI_HYDRA_HOST_FILE",
+        "HYDRA_HOST_FILE",
+    )
     default_slots: Annotated[int | None, NoDecode, parsed(int_in(1, 4096, "a slot count"))] = _mpi_knob(
-        "default_slots", None, "OMPI_MCA_orte_set_default_slots", "PRTE_MCA_prte_set_default_slots")
+        "default_slots", None, "OMPI_MCA_orte_set_default_slots", "PRTE_MCA_prte_set_default_slots"
+    )
     implementation: Annotated[str, NoDecode, parsed(parse_choice("auto", "openmpi", "intel", "mpich"))] = _mpi_knob(
-        "implementation", "auto")
+        "implementation", "auto"
+    )
     mpirun: str | None = _mpi_knob("mpirun", None)
     ssh_port: Annotated[int, NoDecode, parsed(int_in(1, 65535, "a port"))] = _mpi_knob("ssh_port", 2222)
     ssh_auth_mount_path: str = _mpi_knob("ssh_auth_mount_path", os.path.expanduser("~/.ssh"))
     ssh_dir: str = _mpi_knob("ssh_dir", os.path.expanduser("~/.trainer-launcher/ssh"))
     ssh_host_key_checking: Annotated[str, NoDecode, parsed(parse_choice("pinned", "off"))] = _mpi_knob(
-        "ssh_host_key_checking", "pinned")
+        "ssh_host_key_checking", "pinned"
+    )
     ssh_listen_address: Annotated[str | None, NoDecode, parsed(parse_host)] = _mpi_knob("ssh_listen_address", None)
     export: Annotated[tuple[str, ...], NoDecode, parsed(parse_globs)] = _mpi_knob("export", ("*",))
     export_deny: Annotated[tuple[str, ...], NoDecode, parsed(parse_globs)] = _mpi_knob("export_deny", ())

@@ -21,14 +21,15 @@ PUBLIC_KEY = "id_rsa.pub"
 AUTHORIZED_KEYS = "authorized_keys"
 
 
-def sshd_config(private_dir: str, port: int, listen_address: str | None, is_root: bool,
-                session_env: dict[str, str] | None = None) -> str:
+def sshd_config(
+    private_dir: str, port: int, listen_address: str | None, is_root: bool, session_env: dict[str, str] | None = None
+) -> str:
     """``session_env``: variables every ssh session gets. sshd starts sessions with a bare
     environment, so the image's PATH (where mpirun's remote daemons live) would be lost."""
     lines = [
         "# written by trainer-launcher: the worker's sshd",
         f"Port {port}",
-        *( [f"ListenAddress {listen_address}"] if listen_address else []),
+        *([f"ListenAddress {listen_address}"] if listen_address else []),
         f"HostKey {os.path.join(private_dir, 'id_key')}",  # the private key doubles as host key
         f"AuthorizedKeysFile {os.path.join(private_dir, AUTHORIZED_KEYS)}",
         f"PidFile {os.path.join(private_dir, 'sshd.pid')}",
@@ -62,6 +63,7 @@ def write_private(path: str, data: bytes | str, mode: int = 0o600) -> None:
 def install_keys(mount: str, private_dir: str, source: str = "LAUNCHER_SSH_AUTH_MOUNT_PATH") -> None:
     """Copy the mounted key into ``private_dir/id_key`` (0600) and the authorized keys (or, failing
     that, the public key) into ``private_dir/authorized_keys``."""
+
     def read(name: str, required: bool) -> bytes | None:
         path = os.path.join(mount, name)
         try:
@@ -72,7 +74,11 @@ def install_keys(mount: str, private_dir: str, source: str = "LAUNCHER_SSH_AUTH_
                 raise ConfigError(source, mount, f"a directory holding {name} (the Trainer's ssh Secret)") from None
             return None
         except PermissionError:
-            raise ConfigError(source, mount, f"{name} readable by uid {os.getuid()} (mount the Secret with defaultMode 0640 and fsGroup)") from None
+            raise ConfigError(
+                source,
+                mount,
+                f"{name} readable by uid {os.getuid()} (mount the Secret with defaultMode 0640 and fsGroup)",
+            ) from None
 
     key = read(PRIVATE_KEY, True)
     authorized = read(AUTHORIZED_KEYS, False) or read(PUBLIC_KEY, True)
@@ -94,8 +100,9 @@ def mounted_public_key(mount: str, private_dir: str, source: str = "LAUNCHER_SSH
         why = getattr(error, "strerror", None) or error
         raise ConfigError(source, mount, f"a readable {PUBLIC_KEY} ({why})") from None
     if not PUBLIC_KEY_LINE.fullmatch(key):
-        raise ConfigError(source, mount, f"{PUBLIC_KEY} holding one OpenSSH public key, TYPE BASE64 [COMMENT] "
-                                         f"(from {origin})")
+        raise ConfigError(
+            source, mount, f"{PUBLIC_KEY} holding one OpenSSH public key, TYPE BASE64 [COMMENT] (from {origin})"
+        )
     return key
 
 
@@ -104,8 +111,9 @@ def _derived_public_key(private_key: str, mount: str, source: str) -> str:
     if keygen is None:
         raise ConfigError(source, mount, f"{PUBLIC_KEY}, or ssh-keygen on PATH to derive it from {PRIVATE_KEY}")
     try:
-        result = subprocess.run([keygen, "-y", "-f", private_key], capture_output=True, text=True,
-                                stdin=subprocess.DEVNULL, timeout=30)
+        result = subprocess.run(
+            [keygen, "-y", "-f", private_key], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30
+        )
     except subprocess.TimeoutExpired:
         raise ConfigError(source, mount, f"{PUBLIC_KEY}, or a {PRIVATE_KEY} ssh-keygen -y reads within 30 s") from None
     if result.returncode != 0:

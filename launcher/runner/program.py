@@ -41,13 +41,14 @@ import signal
 import sys
 import types
 from typing import NamedTuple
+import contextlib
 
 USAGE = "[--] SCRIPT | -m MODULE | -c CODE | - [ARGS...]"
 ERROR_LIMIT = 1000  # characters of an error in a report
 INTERRUPTED = 128 + signal.SIGINT  # what a shell shows for a program that python killed with SIGINT
 _HERE = os.path.realpath(__file__)
 _RUNPY = os.path.realpath(runpy.__file__)
-_LONG = 2 ** 63  # sys.exit(n) goes through a C long: python exits 255 for an n outside it
+_LONG = 2**63  # sys.exit(n) goes through a C long: python exits 255 for an n outside it
 STACKS_HOOK = os.path.join(os.pardir, "status", "hook", "_trainer_launcher_stacks.py")
 
 
@@ -154,12 +155,16 @@ def run_program(kind: str, target: str, args: list[str]) -> Ending:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         elif kind == "code":
             sys.argv = ["-c", *args]
-            _run_as_main(compile(target, "<string>", "exec", dont_inherit=True), {
-                "__loader__": importlib.machinery.BuiltinImporter})
+            _run_as_main(
+                compile(target, "<string>", "exec", dont_inherit=True),
+                {"__loader__": importlib.machinery.BuiltinImporter},
+            )
         else:
             sys.argv = ["-", *args]
-            _run_as_main(compile(sys.stdin.read(), "<stdin>", "exec", dont_inherit=True), {
-                "__loader__": importlib.machinery.BuiltinImporter})
+            _run_as_main(
+                compile(sys.stdin.read(), "<stdin>", "exec", dont_inherit=True),
+                {"__loader__": importlib.machinery.BuiltinImporter},
+            )
     except SystemExit as exit_:
         status = exit_status(exit_.code)
         if exit_.code is not None and not isinstance(exit_.code, int):
@@ -182,8 +187,14 @@ def _run_file(path: str, args: list[str]) -> None:
     with io.open_code(filename) as handle:
         source = handle.read()
     code = compile(source, filename, "exec", dont_inherit=True)
-    _run_as_main(code, {"__file__": filename, "__cached__": None,
-                        "__loader__": importlib.machinery.SourceFileLoader("__main__", filename)})
+    _run_as_main(
+        code,
+        {
+            "__file__": filename,
+            "__cached__": None,
+            "__loader__": importlib.machinery.SourceFileLoader("__main__", filename),
+        },
+    )
 
 
 def _is_zip(path: str) -> bool:
@@ -291,10 +302,8 @@ def leave(status: int, interrupted: bool = False) -> None:
     coming), after flushing what the program printed. ``interrupted``: die of SIGINT, as python
     does after a KeyboardInterrupt."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(AttributeError, OSError, ValueError):
             stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)

@@ -36,8 +36,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from launcher.smoke.settings import SmokeSettings
 
-    overrides = {name: Override(getattr(args, name), knob.flag) for name, knob in _KNOBS.items()
-                 if getattr(args, name) is not None}
+    overrides = {
+        name: Override(getattr(args, name), knob.flag)
+        for name, knob in _KNOBS.items()
+        if getattr(args, name) is not None
+    }
     try:
         smoke = settings.load(SmokeSettings, overrides)
     except ConfigError as error:
@@ -54,12 +57,26 @@ def run(smoke, overrides: dict[str, Override], as_json: bool) -> int:
     hosts, checks, pairs = cluster.measure(cluster.PAIR_LEVELS[smoke.level])
     if checks is None:
         return 0
-    checks += cluster.pair_checks(hosts, pairs, thresholds.plain(smoke, "min_node_gbps", overrides),
-                                  thresholds.plain(smoke, "slow_node_ratio", overrides))
+    checks += cluster.pair_checks(
+        hosts,
+        pairs,
+        thresholds.plain(smoke, "min_node_gbps", overrides),
+        thresholds.plain(smoke, "slow_node_ratio", overrides),
+    )
     outcome = outcome_of(checks)
     if as_json:
-        print(json.dumps({"nodes": hosts, "level": smoke.level, "seconds": round(time.monotonic() - started, 2),
-                          "checks": [c.as_json() for c in checks], "exitCode": outcome.exit_code}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "nodes": hosts,
+                    "level": smoke.level,
+                    "seconds": round(time.monotonic() - started, 2),
+                    "checks": [c.as_json() for c in checks],
+                    "exitCode": outcome.exit_code,
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"{len(hosts)} nodes: {', '.join(hosts)}; level {smoke.level}")
         print(table(checks))

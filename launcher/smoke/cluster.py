@@ -44,8 +44,9 @@ def rounds(nodes: int) -> list[list[tuple[int, int]]]:
     return found
 
 
-def pair_checks(hosts: list[str], pairs: dict[tuple[int, int], float], floor: Threshold, ratio: Threshold
-                ) -> list[Check]:
+def pair_checks(
+    hosts: list[str], pairs: dict[tuple[int, int], float], floor: Threshold, ratio: Threshold
+) -> list[Check]:
     """The verdicts on node pairs (GB/s per direction, keyed by node index): any pair below the
     floor fails and names both hosts; with 3 nodes or more, a node whose best pair is below
     ``ratio`` of the median of every node's best is slow, and named."""
@@ -53,22 +54,50 @@ def pair_checks(hosts: list[str], pairs: dict[tuple[int, int], float], floor: Th
         return [Check("node-to-node bandwidth", SKIP, detail="one node: no pair")]
     slowest_pair = min(pairs, key=pairs.get)
     low = [f"{hosts[a]} <-> {hosts[b]} {gbps:,.2f}" for (a, b), gbps in sorted(pairs.items()) if gbps < floor.value]
-    checks = [Check("node pairs", FAIL if low else PASS, pairs[slowest_pair], floor.value, "GB/s", floor.source,
-                    op=">=", detail=(f"below {floor.value:g} GB/s: " + ", ".join(low)) if low else
-                    f"slowest: {hosts[slowest_pair[0]]} <-> {hosts[slowest_pair[1]]}")]
+    checks = [
+        Check(
+            "node pairs",
+            FAIL if low else PASS,
+            pairs[slowest_pair],
+            floor.value,
+            "GB/s",
+            floor.source,
+            op=">=",
+            detail=(f"below {floor.value:g} GB/s: " + ", ".join(low))
+            if low
+            else f"slowest: {hosts[slowest_pair[0]]} <-> {hosts[slowest_pair[1]]}",
+        )
+    ]
     if len(hosts) < 3:
-        checks.append(Check("slow node", SKIP, detail="2 nodes: a slow node cannot be told from its peer "
-                                                      "(the pair floor still applies)"))
+        checks.append(
+            Check(
+                "slow node",
+                SKIP,
+                detail="2 nodes: a slow node cannot be told from its peer (the pair floor still applies)",
+            )
+        )
         return checks
     best = {node: max(g for pair, g in pairs.items() if node in pair) for node in range(len(hosts))}
     median = statistics.median(best.values())
     limit = ratio.value * median
     source = f"{ratio.value:g} x the nodes' median best pair ({median:,.2f} GB/s); ratio: {ratio.source}"
     for node, value in best.items():
-        own = ", ".join(f"to {hosts[b if a == node else a]} {g:,.2f}" for (a, b), g in sorted(pairs.items())
-                        if node in (a, b))
-        checks.append(Check("node-to-node bandwidth", PASS if value >= limit else FAIL, value, round(limit, 2),
-                            "GB/s", source, op=">=", detail=f"best pair; {own}", node=hosts[node]))
+        own = ", ".join(
+            f"to {hosts[b if a == node else a]} {g:,.2f}" for (a, b), g in sorted(pairs.items()) if node in (a, b)
+        )
+        checks.append(
+            Check(
+                "node-to-node bandwidth",
+                PASS if value >= limit else FAIL,
+                value,
+                round(limit, 2),
+                "GB/s",
+                source,
+                op=">=",
+                detail=f"best pair; {own}",
+                node=hosts[node],
+            )
+        )
     return checks
 
 
@@ -149,7 +178,18 @@ def measure(level: PairLevel) -> tuple[list[str], list[Check] | None, dict[tuple
                 pairs_seen[pair] = min(gbps, pairs_seen.get(pair, gbps))
         if rank != 0:
             return hosts, None, {}
-        return hosts, [sum_check(f"all-reduce over {len(hosts)} nodes, {world} ranks", all_correct, round(busbw, 2),
-                                 "GB/s busbw", f"{level.allreduce_bytes / (1 << 20):g} MiB")], pairs_seen
+        return (
+            hosts,
+            [
+                sum_check(
+                    f"all-reduce over {len(hosts)} nodes, {world} ranks",
+                    all_correct,
+                    round(busbw, 2),
+                    "GB/s busbw",
+                    f"{level.allreduce_bytes / (1 << 20):g} MiB",
+                )
+            ],
+            pairs_seen,
+        )
     finally:
         dist.destroy_process_group()

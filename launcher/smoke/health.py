@@ -9,7 +9,7 @@ Check names are stable (JSON consumers key on them); every check is always prese
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from launcher.smoke.kernel import XidLog
 from launcher.smoke.nvidia import GpuInfo, Inventory
@@ -51,8 +51,9 @@ RECOVERY_ADVICE = {
 }
 
 
-def health_checks(inventory: Inventory | list[GpuInfo], xids: XidLog, ports: PortScan, sku,
-                  max_temp: Threshold | None = None) -> list[Check]:
+def health_checks(
+    inventory: Inventory | list[GpuInfo], xids: XidLog, ports: PortScan, sku, max_temp: Threshold | None = None
+) -> list[Check]:
     """Throttling, temperatures, row remapping, SRAM and volatile ECC errors, recovery action
     (from nvidia-smi); XIDs (kernel log); RDMA ports (sysfs). ``sku`` supplies the fallback
     maximum temperature; ``max_temp``, when given (a flag or variable), replaces every GPU's."""
@@ -60,8 +61,15 @@ def health_checks(inventory: Inventory | list[GpuInfo], xids: XidLog, ports: Por
         inventory = Inventory(gpus=inventory, reason="" if inventory else "no GPUs")
     gpus = inventory.gpus
     if gpus:
-        checks = [throttle_check(gpus), temperature_check(gpus, sku, max_temp), memory_temperature_check(gpus),
-                  row_remap_check(gpus), sram_check(gpus), ecc_check(gpus), recovery_check(gpus)]
+        checks = [
+            throttle_check(gpus),
+            temperature_check(gpus, sku, max_temp),
+            memory_temperature_check(gpus),
+            row_remap_check(gpus),
+            sram_check(gpus),
+            ecc_check(gpus),
+            recovery_check(gpus),
+        ]
     else:
         why = inventory.reason or "no GPUs"
         checks = [Check(name, SKIP, detail=why) for name in NAMES[:7]]
@@ -124,8 +132,11 @@ def temperature_check(gpus: list[GpuInfo], sku, override: Threshold | None = Non
 
 
 def memory_temperature_check(gpus: list[GpuInfo]) -> Check:
-    readings = [(g, g.memory_temp_c, g.memory_max_c, "the memory's maximum operating temperature (nvidia-smi)")
-                for g in gpus if g.memory_temp_c is not None and g.memory_max_c is not None]
+    readings = [
+        (g, g.memory_temp_c, g.memory_max_c, "the memory's maximum operating temperature (nvidia-smi)")
+        for g in gpus
+        if g.memory_temp_c is not None and g.memory_max_c is not None
+    ]
     return _temperatures(MEMORY_TEMPERATURE, readings, "memory temperature and its maximum")
 
 
@@ -146,8 +157,13 @@ def row_remap_check(gpus: list[GpuInfo]) -> Check:
 
 def sram_check(gpus: list[GpuInfo]) -> Check:
     source = "uncorrectable SRAM ECC errors since the driver loaded (volatile)"
-    reporting = [g for g in gpus if g.volatile_sram_uncorrectable is not None or g.sram_threshold_exceeded is not None
-                 or g.aggregate_sram_uncorrectable is not None]
+    reporting = [
+        g
+        for g in gpus
+        if g.volatile_sram_uncorrectable is not None
+        or g.sram_threshold_exceeded is not None
+        or g.aggregate_sram_uncorrectable is not None
+    ]
     if not reporting:
         return _unreported(SRAM, "SRAM ECC counts (ECC off or not supported)")
     failed, warned, total = [], [], 0
@@ -159,7 +175,9 @@ def sram_check(gpus: list[GpuInfo]) -> Check:
         if gpu.sram_threshold_exceeded:
             failed.append(f"{gpu.label()}: SRAM uncorrectable error threshold exceeded")
         elif not volatile and gpu.aggregate_sram_uncorrectable:
-            warned.append(f"{gpu.label()}: {gpu.aggregate_sram_uncorrectable} uncorrectable SRAM errors in its lifetime")
+            warned.append(
+                f"{gpu.label()}: {gpu.aggregate_sram_uncorrectable} uncorrectable SRAM errors in its lifetime"
+            )
     status = FAIL if failed else WARN if warned else PASS
     return Check(SRAM, status, total, 0, "errors", source, detail="; ".join(failed + warned))
 
@@ -169,8 +187,11 @@ def ecc_check(gpus: list[GpuInfo]) -> Check:
     reporting = [g for g in gpus if g.volatile_dram_uncorrectable is not None]
     if not reporting:
         return _unreported(ECC, "volatile ECC counts (ECC off or not supported)")
-    bad = [f"{g.label()}: {g.volatile_dram_uncorrectable} uncorrectable memory errors since the driver loaded"
-           for g in reporting if g.volatile_dram_uncorrectable]
+    bad = [
+        f"{g.label()}: {g.volatile_dram_uncorrectable} uncorrectable memory errors since the driver loaded"
+        for g in reporting
+        if g.volatile_dram_uncorrectable
+    ]
     total = sum(g.volatile_dram_uncorrectable for g in reporting)
     return Check(ECC, FAIL if bad else PASS, total, 0, "errors", source, detail="; ".join(bad))
 
@@ -180,9 +201,12 @@ def recovery_check(gpus: list[GpuInfo]) -> Check:
     reporting = [g for g in gpus if g.recovery_action is not None]
     if not reporting:
         return _unreported(RECOVERY, "a recovery action (driver before R550?)")
-    bad = [f"{g.label()}: {g.recovery_action}" + (f" ({RECOVERY_ADVICE[g.recovery_action]})"
-                                                   if g.recovery_action in RECOVERY_ADVICE else "")
-           for g in reporting if g.recovery_action != "None"]
+    bad = [
+        f"{g.label()}: {g.recovery_action}"
+        + (f" ({RECOVERY_ADVICE[g.recovery_action]})" if g.recovery_action in RECOVERY_ADVICE else "")
+        for g in reporting
+        if g.recovery_action != "None"
+    ]
     return Check(RECOVERY, FAIL if bad else PASS, len(bad), 0, "GPUs", source, detail="; ".join(bad))
 
 
@@ -226,8 +250,13 @@ def xid_check(xids: XidLog, gpus: Iterable[GpuInfo] = ()) -> Check:
         groups.setdefault((event.pci, event.xid), []).append(event)
     lines = []
     # Hardware XIDs first, then the most recent.
-    for (pci, xid), events in sorted(groups.items(), key=lambda item: (
-            item[1][0].severity != "fail", min((e.age_s for e in item[1] if e.age_s is not None), default=1e18))):
+    for (pci, xid), events in sorted(
+        groups.items(),
+        key=lambda item: (
+            item[1][0].severity != "fail",
+            min((e.age_s for e in item[1] if e.age_s is not None), default=1e18),
+        ),
+    ):
         latest = min((e.age_s for e in events if e.age_s is not None), default=None)
         gpu = by_bus.get(_bus(pci))
         where = gpu.label() if gpu else f"PCI {pci}"
@@ -243,8 +272,11 @@ def rdma_check(scan: PortScan) -> Check:
     source = "sysfs port state: ACTIVE and LinkUp"
     total = len(scan.ports)
     up = [p for p in scan.ports if p.up]
-    down = [f"{p.name}: {p.state or 'state unreadable'}" + (f" ({p.phys_state})" if p.phys_state else "")
-            for p in scan.ports if not p.up]
+    down = [
+        f"{p.name}: {p.state or 'state unreadable'}" + (f" ({p.phys_state})" if p.phys_state else "")
+        for p in scan.ports
+        if not p.up
+    ]
     if down:
         return Check(RDMA, FAIL, len(up), total, "ports ACTIVE", source, op=">=", detail="; ".join(down))
     # Ports of one link layer normally train to one speed; one that came up slower has a bad
@@ -255,8 +287,11 @@ def rdma_check(scan: PortScan) -> Check:
         if not rates:
             continue
         usual = Counter(rates).most_common(1)[0][0]
-        slow += [f"{p.name} at {p.rate}, others {usual:g} Gb/sec" for p in up
-                 if p.link_layer == layer and p.gbps is not None and p.gbps < usual]
+        slow += [
+            f"{p.name} at {p.rate}, others {usual:g} Gb/sec"
+            for p in up
+            if p.link_layer == layer and p.gbps is not None and p.gbps < usual
+        ]
     if slow:
         return Check(RDMA, WARN, len(up), total, "ports ACTIVE", source, op=">=", detail="; ".join(sorted(slow)))
     rates = sorted({p.rate for p in up if p.rate})

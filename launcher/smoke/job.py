@@ -12,8 +12,8 @@ import json
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from launcher.core import settings
 from launcher.core.devices import probe_host, resolve_nproc
@@ -39,8 +39,9 @@ class PodRequest:
     master_addr_env: str  # the variable that names the master, said when it is unset
 
 
-def pod_checks(smoke: SmokeSettings, request: PodRequest, host, gpus: int, probe,
-               overrides: dict[str, Override] | None = None) -> list[Check]:
+def pod_checks(
+    smoke: SmokeSettings, request: PodRequest, host, gpus: int, probe, overrides: dict[str, Override] | None = None
+) -> list[Check]:
     """What the pod asks for against what it has."""
     try:
         nproc, how = resolve_nproc(request.nproc, host, request.nproc_source)
@@ -48,15 +49,43 @@ def pod_checks(smoke: SmokeSettings, request: PodRequest, host, gpus: int, probe
         return [Check("nproc", FAIL, kind="config", detail=str(error))]
     checks = []
     if gpus:
-        checks.append(Check("visible GPUs vs nproc", PASS if gpus >= nproc else FAIL, gpus, nproc, "GPUs",
-                            f"processes per node ({how})", "config", op=">="))
+        checks.append(
+            Check(
+                "visible GPUs vs nproc",
+                PASS if gpus >= nproc else FAIL,
+                gpus,
+                nproc,
+                "GPUs",
+                f"processes per node ({how})",
+                "config",
+                op=">=",
+            )
+        )
     else:
-        checks.append(Check("CPU quota vs nproc", PASS if host.cpus >= nproc else WARN, float(host.cpus), nproc,
-                            "CPUs", f"processes per node ({how})", "config", op=">="))
+        checks.append(
+            Check(
+                "CPU quota vs nproc",
+                PASS if host.cpus >= nproc else WARN,
+                float(host.cpus),
+                nproc,
+                "CPUs",
+                f"processes per node ({how})",
+                "config",
+                op=">=",
+            )
+        )
     checks.append(at_least("/dev/shm size", probe.shm_gb(), plain(smoke, "min_shm_gb", overrides), "GB", "config"))
-    checks.append(at_least("free space on /workspace", probe.disk_gb("/workspace"),
-                           plain(smoke, "min_free_gb", overrides), "GB", "config", on_low=WARN,
-                           unreadable="/workspace is not mounted"))
+    checks.append(
+        at_least(
+            "free space on /workspace",
+            probe.disk_gb("/workspace"),
+            plain(smoke, "min_free_gb", overrides),
+            "GB",
+            "config",
+            on_low=WARN,
+            unreadable="/workspace is not mounted",
+        )
+    )
     address = request.master_addr
     if address:
         try:
@@ -69,14 +98,23 @@ def pod_checks(smoke: SmokeSettings, request: PodRequest, host, gpus: int, probe
     return checks
 
 
-def cpu_checks(smoke: SmokeSettings, level, nproc_hint: int, probe,
-               overrides: dict[str, Override] | None = None) -> list[Check]:
-    checks = [at_least("CPU fp32 matmul", probe.cpu_matmul_gflops(), plain(smoke, "min_matmul_gflops", overrides),
-                       "GFLOP/s")]
+def cpu_checks(
+    smoke: SmokeSettings, level, nproc_hint: int, probe, overrides: dict[str, Override] | None = None
+) -> list[Check]:
+    checks = [
+        at_least("CPU fp32 matmul", probe.cpu_matmul_gflops(), plain(smoke, "min_matmul_gflops", overrides), "GFLOP/s")
+    ]
     ranks = max(2, min(nproc_hint, 4))
     seconds, correct, _ = probe.allreduce(ranks, "gloo", level.gloo_bytes)
-    checks.append(sum_check(f"gloo all-reduce, {ranks} local ranks", correct, round(seconds * 1e3, 1), "ms",
-                            f"{level.gloo_bytes / (1 << 20):g} MiB"))
+    checks.append(
+        sum_check(
+            f"gloo all-reduce, {ranks} local ranks",
+            correct,
+            round(seconds * 1e3, 1),
+            "ms",
+            f"{level.gloo_bytes / (1 << 20):g} MiB",
+        )
+    )
     return checks
 
 
@@ -89,8 +127,16 @@ def _slowest(name: str, values: dict[str, float | None], floor: Threshold, unit:
     who, value = min(measured.items(), key=lambda item: item[1])
     low = [f"{w} {v:,.1f}" for w, v in measured.items() if v < floor.value]
     if low:
-        return Check(name, FAIL, value, floor.value, unit, floor.source, op=">=",
-                     detail=f"below {floor.value:g} {unit}: " + ", ".join(low))
+        return Check(
+            name,
+            FAIL,
+            value,
+            floor.value,
+            unit,
+            floor.source,
+            op=">=",
+            detail=f"below {floor.value:g} {unit}: " + ", ".join(low),
+        )
     return Check(name, PASS, value, floor.value, unit, floor.source, op=">=", detail=f"slowest: {who}")
 
 
@@ -99,10 +145,18 @@ def gpu_checks(level, floors: dict[str, Threshold], gpus: int, probe) -> list[Ch
     devices = list(range(gpus))
     label = "GPU {}".format
     checks = [
-        _slowest("GPU bf16 matmul 8192^3", {label(d): v for d, v in probe.gpu_bf16_tflops(devices, level.matmul_seconds).items()},
-                 floors["bf16_tflops"], "TFLOP/s"),
-        _slowest("GPU device-to-device copy", {label(d): probe.gpu_copy_gbps(d, level.copy_bytes) for d in devices},
-                 floors["copy_gbps"], "GB/s"),
+        _slowest(
+            "GPU bf16 matmul 8192^3",
+            {label(d): v for d, v in probe.gpu_bf16_tflops(devices, level.matmul_seconds).items()},
+            floors["bf16_tflops"],
+            "TFLOP/s",
+        ),
+        _slowest(
+            "GPU device-to-device copy",
+            {label(d): probe.gpu_copy_gbps(d, level.copy_bytes) for d in devices},
+            floors["copy_gbps"],
+            "GB/s",
+        ),
     ]
     host = {}
     for d in devices:
@@ -112,8 +166,12 @@ def gpu_checks(level, floors: dict[str, Threshold], gpus: int, probe) -> list[Ch
     checks.append(_slowest("GPU host<->device copy (pinned)", host, floors["h2d_gbps"], "GB/s"))
     if gpus >= 2:
         pairs = probe.gpu_peer_gbps(devices, level.host_bytes)
-        check = _slowest("GPU peer-to-peer copy", {f"GPU {s}->{t}": v for (s, t), (v, _) in pairs.items()},
-                         floors["p2p_gbps"], "GB/s")
+        check = _slowest(
+            "GPU peer-to-peer copy",
+            {f"GPU {s}->{t}": v for (s, t), (v, _) in pairs.items()},
+            floors["p2p_gbps"],
+            "GB/s",
+        )
         without = [f"{s}->{t}" for (s, t), (_, access) in pairs.items() if not access]
         if without:
             check.detail += f"; no peer access: {', '.join(without)}"
@@ -130,8 +188,9 @@ def gpu_checks(level, floors: dict[str, Threshold], gpus: int, probe) -> list[Ch
     return checks
 
 
-def run_checks(smoke: SmokeSettings, request: PodRequest, host,
-               overrides: dict[str, Override] | None = None) -> tuple[list[Check], dict]:
+def run_checks(
+    smoke: SmokeSettings, request: PodRequest, host, overrides: dict[str, Override] | None = None
+) -> tuple[list[Check], dict]:
     """Every check of this node, and what it found out about the node (its GPU model row, its
     GPUs, the driver)."""
     from launcher.smoke import health, kernel, nvidia, rdma, thresholds
@@ -149,8 +208,9 @@ def run_checks(smoke: SmokeSettings, request: PodRequest, host,
         checks += gpu_checks(level, thresholds.gpu_floors(smoke, sku, gpus, overrides), gpus, probe)
     else:
         checks += cpu_checks(smoke, level, int(host.cpus), probe, overrides)
-    checks += health.health_checks(inventory, kernel.read_xids(smoke.xid_window), rdma.read_ports(), sku,
-                                   thresholds.max_temp(smoke, overrides))
+    checks += health.health_checks(
+        inventory, kernel.read_xids(smoke.xid_window), rdma.read_ports(), sku, thresholds.max_temp(smoke, overrides)
+    )
     return checks, about
 
 
@@ -158,8 +218,9 @@ def outcome_of(checks: list[Check]) -> Outcome:
     failed = [c for c in checks if c.status == FAIL]
     if not failed:
         warned = [c.name for c in checks if c.status == WARN]
-        return Outcome.of(Reasons.SUCCEEDED,
-                          "preflight passed" + (f" with warnings: {', '.join(warned)}" if warned else ""))
+        return Outcome.of(
+            Reasons.SUCCEEDED, "preflight passed" + (f" with warnings: {', '.join(warned)}" if warned else "")
+        )
     named = "; ".join(c.summary() for c in failed[:MESSAGE_CHECKS])
     if len(failed) > MESSAGE_CHECKS:
         named += f"; and {len(failed) - MESSAGE_CHECKS} more"
@@ -170,13 +231,16 @@ def outcome_of(checks: list[Check]) -> Outcome:
 
 def table(checks: list[Check]) -> str:
     """A row per check; under a check that did not pass, what it found."""
+
     def source(check: Check) -> str:
         text = check.source if check.threshold is not None else ""
-        return text if len(text) <= _SOURCE_WIDTH else text[:_SOURCE_WIDTH - 3] + "..."
+        return text if len(text) <= _SOURCE_WIDTH else text[: _SOURCE_WIDTH - 3] + "..."
 
     header = ("CHECK", "STATUS", "VALUE", "THRESHOLD", "SOURCE")
-    rows = [(c.name + (f" [{c.node}]" if c.node else ""), c.status.upper(), c.shown_value(), c.shown_threshold(),
-             source(c)) for c in checks]
+    rows = [
+        (c.name + (f" [{c.node}]" if c.node else ""), c.status.upper(), c.shown_value(), c.shown_threshold(), source(c))
+        for c in checks
+    ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
     lines = []
     for row, check in zip([header, *rows], [None, *checks]):
@@ -186,8 +250,12 @@ def table(checks: list[Check]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def run_smoke(launcher_overrides: dict[str, Override], smoke_overrides: dict[str, Override], as_json: bool,
-              pod_request: Callable[[], PodRequest]) -> int:
+def run_smoke(
+    launcher_overrides: dict[str, Override],
+    smoke_overrides: dict[str, Override],
+    as_json: bool,
+    pod_request: Callable[[], PodRequest],
+) -> int:
     """``pod_request``: reads (and validates) what the controller asked of this pod."""
     return run_command(launcher_overrides, lambda launcher: _smoke(smoke_overrides, as_json, pod_request))
 
@@ -203,8 +271,18 @@ def _smoke(smoke_overrides: dict[str, Override], as_json: bool, pod_request: Cal
     failed = [c.as_json() for c in checks if c.status == FAIL]
     outcome = outcome.with_extra(node=host.hostname, sku=about["sku"], **({"failedChecks": failed} if failed else {}))
     if as_json:
-        print(json.dumps({"node": host.hostname, **about, "seconds": round(time.monotonic() - started, 2),
-                          "checks": [c.as_json() for c in checks], "exitCode": outcome.exit_code}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "node": host.hostname,
+                    **about,
+                    "seconds": round(time.monotonic() - started, 2),
+                    "checks": [c.as_json() for c in checks],
+                    "exitCode": outcome.exit_code,
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"node {host.hostname}: {about['gpus']} GPUs, thresholds of {about['sku']}, level {about['level']}")
         print(table(checks))

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from launcher.smoke.nvidia import run_bounded
 
@@ -165,8 +165,9 @@ def _uptime() -> float:
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-def read_xids(window_s: float, kmsg: str = KMSG, dmesg: Sequence[str] = DMESG, now_s: float | None = None,
-              timeout: float = 10.0) -> XidLog:
+def read_xids(
+    window_s: float, kmsg: str = KMSG, dmesg: Sequence[str] = DMESG, now_s: float | None = None, timeout: float = 10.0
+) -> XidLog:
     """The XIDs logged in the last ``window_s`` seconds; the reason when no log was readable."""
     now = _uptime() if now_s is None else now_s
     try:
@@ -177,6 +178,7 @@ def read_xids(window_s: float, kmsg: str = KMSG, dmesg: Sequence[str] = DMESG, n
     code, stdout, error = run_bounded(dmesg, timeout)
     if code == 0:
         return XidLog(parse_dmesg(stdout, now, window_s), "", " ".join(dmesg), window_s)
-    dmesg_error = error if code is None else f"{' '.join(dmesg)} exited {code}" + (
-        f": {error.splitlines()[0]}" if error else "")
+    dmesg_error = (
+        error if code is None else f"{' '.join(dmesg)} exited {code}" + (f": {error.splitlines()[0]}" if error else "")
+    )
     return XidLog([], f"kernel log not readable ({kmsg_error}; {dmesg_error})", "", window_s)

@@ -21,8 +21,9 @@ import signal
 import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+import contextlib
 
 COMMAND = ("nvidia-smi", "-q", "-x")
 # A healthy driver answers -q -x for 8 GPUs in about a second; one that takes this long is
@@ -30,8 +31,17 @@ COMMAND = ("nvidia-smi", "-q", "-x")
 TIMEOUT_S = 20.0
 
 # Clock event reasons, by the suffix both spellings share.
-REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "hw_thermal_slowdown",
-           "hw_power_brake_slowdown", "sync_boost", "sw_thermal_slowdown", "display_clocks_setting")
+REASONS = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "display_clocks_setting",
+)
 
 
 @dataclass
@@ -81,8 +91,9 @@ def run_bounded(argv: Sequence[str], timeout: float) -> tuple[int | None, str, s
     try:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
-                process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                           start_new_session=True)
+                process = subprocess.Popen(
+                    list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+                )
             except FileNotFoundError:
                 return None, "", f"{name} not found"
             except PermissionError:
@@ -92,10 +103,8 @@ def run_bounded(argv: Sequence[str], timeout: float) -> tuple[int | None, str, s
             try:
                 code = process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(OSError):
                     os.killpg(process.pid, signal.SIGKILL)
-                except OSError:
-                    pass
                 try:
                     process.wait(timeout=2)
                 except subprocess.TimeoutExpired:
@@ -132,8 +141,9 @@ def parse(text: str, source: str = "nvidia-smi -q -x") -> Inventory:
     if root.tag != "nvidia_smi_log":
         return Inventory(reason=f"{source} printed <{root.tag}>, not <nvidia_smi_log>")
     gpus = [_gpu(index, node) for index, node in enumerate(root.findall("gpu"))]
-    return Inventory(gpus=gpus, reason="" if gpus else f"{source} lists no GPUs",
-                     driver_version=_text(root, "driver_version"))
+    return Inventory(
+        gpus=gpus, reason="" if gpus else f"{source} lists no GPUs", driver_version=_text(root, "driver_version")
+    )
 
 
 def _text(node: ET.Element | None, path: str) -> str | None:
@@ -153,7 +163,7 @@ _NUMBER = re.compile(r"^-?\d+(\.\d+)?")
 
 
 def _number(node: ET.Element | None, path: str) -> float | None:
-    """"87 C" -> 87.0, "81559 MiB" -> 81559.0."""
+    """ "87 C" -> 87.0, "81559 MiB" -> 81559.0."""
     text = _text(node, path)
     match = _NUMBER.match(text) if text else None
     return float(match.group()) if match else None
@@ -177,10 +187,14 @@ def _sum(values: list[int | None]) -> int | None:
 
 
 def _gpu(index: int, node: ET.Element) -> GpuInfo:
-    gpu = GpuInfo(index=index, name=_text(node, "product_name"), uuid=_text(node, "uuid"),
-                  pci_bus_id=_text(node, "pci/pci_bus_id") or node.get("id"),
-                  memory_mib=_count(node, "fb_memory_usage/total"),
-                  recovery_action=_text(node, "gpu_recovery_action"))
+    gpu = GpuInfo(
+        index=index,
+        name=_text(node, "product_name"),
+        uuid=_text(node, "uuid"),
+        pci_bus_id=_text(node, "pci/pci_bus_id") or node.get("id"),
+        memory_mib=_count(node, "fb_memory_usage/total"),
+        recovery_action=_text(node, "gpu_recovery_action"),
+    )
     _temperatures(gpu, node.find("temperature"))
     gpu.clock_events = _clock_events(node)
     remap = node.find("remapped_rows")
@@ -210,17 +224,21 @@ def _temperatures(gpu: GpuInfo, temps: ET.Element | None) -> None:
     if gpu.temp_c is None or margin is None:
         return
     limit = gpu.temp_c + margin
-    for attribute, element in (("max_operating_c", "gpu_temp_max_gpu_tlimit_threshold"),
-                               ("slowdown_c", "gpu_temp_slow_tlimit_threshold"),
-                               ("shutdown_c", "gpu_temp_max_tlimit_threshold")):
+    for attribute, element in (
+        ("max_operating_c", "gpu_temp_max_gpu_tlimit_threshold"),
+        ("slowdown_c", "gpu_temp_slow_tlimit_threshold"),
+        ("shutdown_c", "gpu_temp_max_tlimit_threshold"),
+    ):
         offset = _number(temps, element)
         if getattr(gpu, attribute) is None and offset is not None:
             setattr(gpu, attribute, limit - offset)
 
 
 def _clock_events(node: ET.Element) -> tuple[str, ...] | None:
-    for block, prefix in (("clocks_event_reasons", "clocks_event_reason_"),
-                          ("clocks_throttle_reasons", "clocks_throttle_reason_")):
+    for block, prefix in (
+        ("clocks_event_reasons", "clocks_event_reason_"),
+        ("clocks_throttle_reasons", "clocks_throttle_reason_"),
+    ):
         found = node.find(block)
         if found is None:
             continue
@@ -244,8 +262,7 @@ def _uncorrectable(ecc: ET.Element | None, scope: str) -> tuple[int | None, int 
     double = block.find("double_bit")
     if double is not None:
         dram = _count(double, "device_memory")
-        sram = _sum([_count(double, child.tag) for child in double
-                     if child.tag not in ("device_memory", *_OLD_TOTALS)])
+        sram = _sum([_count(double, child.tag) for child in double if child.tag not in ("device_memory", *_OLD_TOTALS)])
         if dram is None and sram is None:  # only a total: call it DRAM, where DBEs mostly land
             dram = _count(double, "total")
         return sram, dram

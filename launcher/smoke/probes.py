@@ -85,8 +85,12 @@ def allreduce(world: int, backend: str, nbytes: int, iterations: int = 5) -> tup
     numel = max(1, nbytes // 4)
     context = mp.get_context("spawn")
     results = context.Queue()
-    mp.start_processes(_allreduce_rank, args=(world, _free_port(), backend, numel, iterations, results),
-                       nprocs=world, start_method="spawn")
+    mp.start_processes(
+        _allreduce_rank,
+        args=(world, _free_port(), backend, numel, iterations, results),
+        nprocs=world,
+        start_method="spawn",
+    )
     seconds, correct = results.get(timeout=600)
     busbw = (numel * 4) * 2 * (world - 1) / world / seconds / 1e9 if world > 1 else 0.0
     return seconds, correct, busbw
@@ -103,8 +107,13 @@ def gpu_bf16_tflops(devices: list[int], seconds: float, n: int = 8192, batch: in
     per GPU, the median rate of its batches, timed on that GPU."""
     import torch
 
-    operands = {d: (torch.randn(n, n, device=f"cuda:{d}", dtype=torch.bfloat16),
-                    torch.randn(n, n, device=f"cuda:{d}", dtype=torch.bfloat16)) for d in devices}
+    operands = {
+        d: (
+            torch.randn(n, n, device=f"cuda:{d}", dtype=torch.bfloat16),
+            torch.randn(n, n, device=f"cuda:{d}", dtype=torch.bfloat16),
+        )
+        for d in devices
+    }
     for d, (a, b) in operands.items():
         a @ b  # warm-up: kernels chosen, clocks up
     for d in devices:

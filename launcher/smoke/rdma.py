@@ -51,7 +51,7 @@ def _value(path: Path) -> str | None:
 
 
 def _named(text: str | None) -> str | None:
-    """"4: ACTIVE" -> "ACTIVE" (the kernel prefixes the spec's number)."""
+    """ "4: ACTIVE" -> "ACTIVE" (the kernel prefixes the spec's number)."""
     if text is None:
         return None
     return text.split(":", 1)[1].strip() if ":" in text else text
@@ -73,9 +73,16 @@ def read_ports(root: str | Path = ROOT) -> PortScan:
         except OSError:
             continue
         for number in numbers:
-            ports.append(Port(device.name, number.name, _named(_value(number / "state")),
-                              _named(_value(number / "phys_state")), _value(number / "rate"),
-                              _value(number / "link_layer")))
+            ports.append(
+                Port(
+                    device.name,
+                    number.name,
+                    _named(_value(number / "state")),
+                    _named(_value(number / "phys_state")),
+                    _value(number / "rate"),
+                    _value(number / "link_layer"),
+                )
+            )
     if not ports:
         return PortScan(reason=f"no RDMA ports under {base}")
     return PortScan(ports)

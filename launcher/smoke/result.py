@@ -34,9 +34,17 @@ class Check:
 
     def as_json(self) -> dict:
         value = round(self.value, 2) if isinstance(self.value, float) else self.value
-        found = {"name": self.name, "status": self.status, "value": value, "threshold": self.threshold,
-                 "comparison": self.op if self.threshold is not None else None, "unit": self.unit,
-                 "source": self.source, "kind": self.kind, "detail": self.detail}
+        found = {
+            "name": self.name,
+            "status": self.status,
+            "value": value,
+            "threshold": self.threshold,
+            "comparison": self.op if self.threshold is not None else None,
+            "unit": self.unit,
+            "source": self.source,
+            "kind": self.kind,
+            "detail": self.detail,
+        }
         if self.node is not None:
             found["node"] = self.node
         return found
@@ -61,8 +69,15 @@ class Check:
         return f"{name} ({said})" if said else name
 
 
-def at_least(name: str, value: float | None, threshold: Threshold, unit: str, kind: str = "node",
-             on_low: str = FAIL, unreadable: str = "not measurable here") -> Check:
+def at_least(
+    name: str,
+    value: float | None,
+    threshold: Threshold,
+    unit: str,
+    kind: str = "node",
+    on_low: str = FAIL,
+    unreadable: str = "not measurable here",
+) -> Check:
     """A measurement that must reach ``threshold``; SKIP with the reason when there is none."""
     if value is None:
         return Check(name, SKIP, None, threshold.value, unit, threshold.source, kind, unreadable, ">=")

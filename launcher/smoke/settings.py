@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from pydantic_settings import NoDecode
 
@@ -43,7 +43,7 @@ def parse_level(raw: Any) -> str:
 
 Positive = Annotated[float, NoDecode, parsed(parse_positive)]
 # None: the GPU model's floor (launcher.smoke.skus), or the GPU's own limit.
-ByModel = Annotated[Optional[float], NoDecode, parsed(parse_positive)]
+ByModel = Annotated[float | None, NoDecode, parsed(parse_positive)]
 
 
 class SmokeSettings(Settings):

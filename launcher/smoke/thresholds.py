@@ -17,15 +17,18 @@ def _given(smoke: SmokeSettings, field: str, overrides: dict[str, Override] | No
     return plain(smoke, field, overrides) if getattr(smoke, field) is not None else None
 
 
-def gpu_floors(smoke: SmokeSettings, sku: Sku, gpus: int, overrides: dict[str, Override] | None = None
-               ) -> dict[str, Threshold]:
+def gpu_floors(
+    smoke: SmokeSettings, sku: Sku, gpus: int, overrides: dict[str, Override] | None = None
+) -> dict[str, Threshold]:
     """{bf16_tflops, copy_gbps, busbw_gbps, h2d_gbps, p2p_gbps: Threshold}."""
     floors = {}
     for field in FLOOR_FIELDS:
         floor = _given(smoke, "min_" + field, overrides) or getattr(sku, field)
         if field == "busbw_gbps" and floor is getattr(sku, field) and gpus != BUSBW_GPUS:
-            floor = Threshold(GENERIC.busbw_gbps.value, f"the {sku.name} floor is for {BUSBW_GPUS} GPUs, this node "
-                                                        f"has {gpus}: generic floor")
+            floor = Threshold(
+                GENERIC.busbw_gbps.value,
+                f"the {sku.name} floor is for {BUSBW_GPUS} GPUs, this node has {gpus}: generic floor",
+            )
         floors[field] = floor
     return floors
 

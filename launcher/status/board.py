@@ -86,8 +86,16 @@ class StackBoard(TokenListener):
                     if not answer:  # its process ended, or it answered nonsense: ask it no more
                         self._drop(rank)
                     else:
-                        found.append(RankStacks(rank.pid, rank.rank, rank.local_rank, answer,
-                                                top_frames(answer, rank.main), node=rank.host))
+                        found.append(
+                            RankStacks(
+                                rank.pid,
+                                rank.rank,
+                                rank.local_rank,
+                                answer,
+                                top_frames(answer, rank.main),
+                                node=rank.host,
+                            )
+                        )
         return by_rank(found)
 
     def _drop(self, rank: _Rank) -> None:

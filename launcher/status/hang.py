@@ -33,13 +33,20 @@ EXTRA_STOPPED = 64
 _TOGETHER = 1.0
 # A frame inside a collective: one of any framework's library (whatever the job's own framework:
 # mpirun runs programs of the others too), or a function named as a collective is.
-_COLLECTIVE = re.compile("|".join(
-    [*(frame for framework in frameworks() for frame in framework.collective_frames),
-     r"in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter|Barrier|Allreduce|Bcast)\b"]))
+_COLLECTIVE = re.compile(
+    "|".join(
+        [
+            *(frame for framework in frameworks() for frame in framework.collective_frames),
+            r"in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter|Barrier|Allreduce|Bcast)\b",
+        ]
+    )
+)
 # A source line that calls one, for collectives no Python frame shows (mpi4py's are compiled).
-_CALLS_COLLECTIVE = re.compile(r"\.(?:all_?reduce|Allreduce|[Bb]arrier|[Bb]cast|broadcast|all_?gather|Allgather|"
-                               r"reduce_scatter|Reduce_scatter|gather|Gather|scatter|Scatter|reduce|Reduce|"
-                               r"alltoall|Alltoall|[Ww]ait(?:all)?)\s*\(")
+_CALLS_COLLECTIVE = re.compile(
+    r"\.(?:all_?reduce|Allreduce|[Bb]arrier|[Bb]cast|broadcast|all_?gather|Allgather|"
+    r"reduce_scatter|Reduce_scatter|gather|Gather|scatter|Scatter|reduce|Reduce|"
+    r"alltoall|Alltoall|[Ww]ait(?:all)?)\s*\("
+)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from launcher.status.lines import Observation
+import contextlib
 
 SOCKET_ENV = "LAUNCHER_PROGRESS_SOCKET"
 MAX_BODY = 64 * 1024  # the status server's own limit
@@ -73,10 +74,8 @@ class ProgressSocket:
 
     def close(self) -> None:
         self._socket.close()
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.path)
-        except OSError:
-            pass
 
 
 def _from_datagram(data: bytes) -> Observation | None:
@@ -161,8 +160,7 @@ def _observation(record: dict, metrics: dict, source: str) -> Observation:
         if text is not None and isinstance(name, str) and name:
             pairs.append((name[:_MAX_TEXT], text))
     # even an empty report is a heartbeat: the rank is alive and past that point
-    return Observation(step=step, total=total if total else None, metrics=tuple(pairs), rank=rank,
-                       source=source)
+    return Observation(step=step, total=total if total else None, metrics=tuple(pairs), rank=rank, source=source)
 
 
 def _first_count(record: dict, keys: tuple[str, ...]) -> int | None:
@@ -213,8 +211,9 @@ class Relay:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="status-relay", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="status-relay", daemon=True
+        )
         self._thread.start()
 
     def take(self) -> list[Observation]:
@@ -242,7 +241,7 @@ def _handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
         sys_version = ""
         timeout = 10  # a client that stops mid-request does not hold a thread for ever
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             if self.path.split("?", 1)[0] != relay.path:
                 self._discard_body()
                 return self._status(404, "Not found", "NotFound")
@@ -274,7 +273,7 @@ def _handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
             relay._keep(_client(self.headers.get("User-Agent")), _from_status(status))
             return self._json(200, request)
 
-        def do_GET(self) -> None:  # noqa: N802 - like upstream: only POST to the status path exists
+        def do_GET(self) -> None:
             self._status(404, "Not found", "NotFound")
 
         do_PUT = do_PATCH = do_DELETE = do_GET
@@ -291,8 +290,7 @@ def _handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
 
         def _status(self, code: int, message: str, reason: str) -> None:
             # a Kubernetes Status, as the status server writes it
-            self._json(code, {"metadata": {}, "status": "Failure", "message": message, "reason": reason,
-                              "code": code})
+            self._json(code, {"metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code})
 
         def _json(self, code: int, body: dict) -> None:
             data = json.dumps(body).encode() + b"\n"
@@ -302,7 +300,7 @@ def _handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *args) -> None:  # noqa: A002 - no request log on stderr
+        def log_message(self, format: str, *args) -> None:
             pass
 
     return Handler
@@ -360,9 +358,13 @@ def _invalid(status) -> str | None:
         if value is not None and not _is_int32(value):
             return "Invalid payload"
     metrics = status.get("metrics")
-    if metrics is not None and (not isinstance(metrics, list) or not all(
+    if metrics is not None and (
+        not isinstance(metrics, list)
+        or not all(
             isinstance(m, dict) and isinstance(m.get("name", ""), str) and isinstance(m.get("value", ""), str)
-            for m in metrics)):
+            for m in metrics
+        )
+    ):
         return "Invalid payload"
     updated = status.get("lastUpdatedTime")
     if updated is not None and (not isinstance(updated, str) or not _is_rfc3339(updated)):
@@ -387,7 +389,7 @@ def _invalid(status) -> str | None:
 
 def _is_int32(value) -> bool:
     # Go will not decode 50.0 or 5e1 into an int32 either: JSON's float syntax is refused
-    return isinstance(value, int) and not isinstance(value, bool) and -2**31 <= value < 2**31
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**31) <= value < 2**31
 
 
 def _is_rfc3339(text: str) -> bool:
@@ -407,9 +409,14 @@ def _from_status(status: dict) -> Observation:
     percent = status.get("progressPercentage")
     eta = status.get("estimatedRemainingSeconds")
     # HF's callback sends its step and max_steps as metrics: they are the job's progress too
-    return Observation(step=_int_text(values.get("current_step")), total=_int_text(values.get("total_steps")),
-                       metrics=metrics, percent=None if percent is None else float(percent),
-                       eta=None if eta is None else float(eta), source="relay")
+    return Observation(
+        step=_int_text(values.get("current_step")),
+        total=_int_text(values.get("total_steps")),
+        metrics=metrics,
+        percent=None if percent is None else float(percent),
+        eta=None if eta is None else float(eta),
+        source="relay",
+    )
 
 
 def _int_text(text: str | None) -> int | None:

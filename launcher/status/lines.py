@@ -41,10 +41,8 @@ TOTAL_NAMES = frozenset(("total_steps", "max_steps"))
 # strict: the value must hold a digit and end where a word would (so `version=2.1.0`,
 # `date=2024-01-01`, `time=12:30` and `x=1abc` are no metrics), and the name must not be the
 # tail of a dotted or longer word (`a.b=1`).
-_PAIR = re.compile(
-    r"(?<![\w|.-])([\w|-]++)\s*+=\s*+([+-]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+)?)(?=$|[\s,;)\]}|])")
-_STEP_OF = re.compile(r"(?<![\w|.-])(step|global_step|iteration|current_step)\s*=\s*(\d+)\s*/\s*(\d+)\b",
-                      re.IGNORECASE)
+_PAIR = re.compile(r"(?<![\w|.-])([\w|-]++)\s*+=\s*+([+-]?(?:\d+(?:\.\d+)?|\.\d+)(?:[eE][+-]?\d+)?)(?=$|[\s,;)\]}|])")
+_STEP_OF = re.compile(r"(?<![\w|.-])(step|global_step|iteration|current_step)\s*=\s*(\d+)\s*/\s*(\d+)\b", re.IGNORECASE)
 # An environment variable's look (`OMP_NUM_THREADS=1`, `NCCL_NSOCKS_PERTHREAD=4`): settings
 # echoed at start-up, not metrics.
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
@@ -52,8 +50,13 @@ _ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 # glog-style lines from a framework's C++ side (`[W1023 12:00:00.1 ...]`, also behind `[rank0]:`),
 # NCCL's `NCCL INFO`/`WARN`, the frameworks' own (launcher.frameworks), argparse's Namespace echo.
 # Plain substring tests first: they cost tens of nanoseconds, a regex alternation microseconds.
-_LIBRARY_MARKS = ("NCCL INFO", "NCCL WARN", "NCCL TRACE",
-                  *(mark for framework in frameworks() for mark in framework.library_lines), "Namespace(")
+_LIBRARY_MARKS = (
+    "NCCL INFO",
+    "NCCL WARN",
+    "NCCL TRACE",
+    *(mark for framework in frameworks() for mark in framework.library_lines),
+    "Namespace(",
+)
 _GLOG = re.compile(r"(?:\[[\w.-]{1,32}\]:)?\[?[IWEF]\d{4} \d\d:\d\d:\d\d")
 # tqdm's default bar: `{l_bar}{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}]`.
 _TQDM = re.compile(r"(?P<desc>.*?)\s*\d{1,3}%\|.*?\|\s*(?P<n>\d+)/(?P<total>\d+) \[[\d:]+<")
@@ -89,7 +92,7 @@ class LineParser:
         if head[:1] == "[" and "{" in head:
             prefix = _RANK_PREFIX.match(head)
             if prefix:
-                head = head[prefix.end():].lstrip()
+                head = head[prefix.end() :].lstrip()
         if head[:1] == "{":
             return _hf_dict(head.rstrip())
         if not (has_pair or has_bar) or _library_line(text):
@@ -174,7 +177,8 @@ def _hf_dict(text: str) -> Observation | None:
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
     if not isinstance(logs, dict) or not any(
-            isinstance(key, str) and (key in _HF_KEYS or key.startswith(_HF_PREFIXES)) for key in logs):
+        isinstance(key, str) and (key in _HF_KEYS or key.startswith(_HF_PREFIXES)) for key in logs
+    ):
         return None
     numbers = ((key, _number_text(value)) for key, value in logs.items() if isinstance(key, str) and key)
     return _observation(((key, text) for key, text in numbers if text is not None), STEP_NAMES, TOTAL_NAMES)

@@ -21,8 +21,9 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from launcher.core import log, report, settings
@@ -42,8 +43,16 @@ TICK = 0.25
 
 
 class Monitor:
-    def __init__(self, launcher: LauncherSettings, server: StatusEnv | None, *, node: str, sends: bool,
-                 relays: bool = True, board_at: tuple[int, str] | None = None):
+    def __init__(
+        self,
+        launcher: LauncherSettings,
+        server: StatusEnv | None,
+        *,
+        node: str,
+        sends: bool,
+        relays: bool = True,
+        board_at: tuple[int, str] | None = None,
+    ):
         """``server``: the status server's contract (None: no reporting). ``sends``: this pod
         reports the job to it (one sender per job). ``relays``: point the ranks' status URL at our
         relay; not where the ranks run in other pods (workers that mpirun reaches), which cannot reach it.
@@ -76,8 +85,10 @@ class Monitor:
             try:
                 self.board = StackBoard(*board_at)
             except OSError as error:
-                log.warning(f"no listener for the stacks of ranks in other pods ({error.strerror or error}); "
-                            "a hang shows only this pod's ranks")
+                log.warning(
+                    f"no listener for the stacks of ranks in other pods ({error.strerror or error}); "
+                    "a hang shows only this pod's ranks"
+                )
         self.hang: Outcome | None = None
         # How a hang's stacks are taken: this pod's ranks, unless the job can ask every node
         # (a framework whose agents talk to each other replaces it). The taker logs what it takes.
@@ -223,8 +234,13 @@ class Monitor:
 
     # --- the TrainJob's status -----------------------------------------------------------------
 
-    def _body(self, now: float, outcome: Outcome | None = None, codes: frozenset[int] = frozenset(),
-              extra: list[tuple[str, str]] = ()) -> dict:
+    def _body(
+        self,
+        now: float,
+        outcome: Outcome | None = None,
+        codes: frozenset[int] = frozenset(),
+        extra: list[tuple[str, str]] = (),
+    ) -> dict:
         from launcher.status.payload import trainer_status
 
         percent, eta = self.tracker.percent(), self.tracker.eta(now)
@@ -233,7 +249,7 @@ class Monitor:
             if outcome.exit_code == 0:
                 percent, eta = 100, 0
             metrics = [*outcome_metrics(outcome, codes), *metrics]
-        return trainer_status(percent=percent, eta=eta, metrics=metrics, now=datetime.now(timezone.utc))
+        return trainer_status(percent=percent, eta=eta, metrics=metrics, now=datetime.now(UTC))
 
     def _final(self, outcome: Outcome, codes: frozenset[int]) -> None:
         """The job's outcome, as the TrainJob's last status (a delivery observer)."""
@@ -245,8 +261,11 @@ class Monitor:
 def outcome_metrics(outcome: Outcome, codes: frozenset[int]) -> list[tuple[str, str]]:
     """How the job ended, as metrics: what `kubectl get trainjob` and Katib can show."""
     reason = outcome.extra.get("causeReason") or outcome.reason  # PeerFailed: the root's own reason
-    found = [("exit_code", str(outcome.exit_code)), ("reason", str(reason)),
-             ("retryable", str(is_retryable(outcome.exit_code, codes)).lower())]
+    found = [
+        ("exit_code", str(outcome.exit_code)),
+        ("reason", str(reason)),
+        ("retryable", str(is_retryable(outcome.exit_code, codes)).lower()),
+    ]
     cause = outcome.root_cause
     if outcome.exit_code != 0 and cause is not None:
         if cause.node:
@@ -261,8 +280,15 @@ def outcome_metrics(outcome: Outcome, codes: frozenset[int]) -> list[tuple[str, 
     return found
 
 
-def start(launcher: LauncherSettings, supervisor: Supervisor, *, node: str, sends: bool,
-          relays: bool = True, board_at: tuple[int, str] | None = None) -> Monitor | None:
+def start(
+    launcher: LauncherSettings,
+    supervisor: Supervisor,
+    *,
+    node: str,
+    sends: bool,
+    relays: bool = True,
+    board_at: tuple[int, str] | None = None,
+) -> Monitor | None:
     """A monitor attached to ``supervisor``, or None when there is nothing to report to and no
     hang to catch."""
     from launcher.status.settings import status_env

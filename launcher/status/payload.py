@@ -63,12 +63,13 @@ def _metrics(metrics: list[tuple[str, str]]) -> list[dict[str, str]]:
 def timestamp(now: datetime.datetime) -> str:
     """RFC 3339 in UTC with a Z, to the second (metav1.Time's own precision)."""
     if now.tzinfo is None:
-        now = now.replace(tzinfo=datetime.timezone.utc)
-    return now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = now.replace(tzinfo=datetime.UTC)
+    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def trainer_status(*, percent: int | float | None, eta: int | float | None, metrics: list[tuple[str, str]],
-                   now: datetime.datetime) -> dict:
+def trainer_status(
+    *, percent: int | float | None, eta: int | float | None, metrics: list[tuple[str, str]], now: datetime.datetime
+) -> dict:
     """``{"trainerStatus": {...}}`` obeying upstream's rules. Metrics are kept in the order given:
     when the body would pass MAX_BODY, the last ones are dropped, so put the important ones first."""
     status: dict[str, Any] = {}

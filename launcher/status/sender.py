@@ -14,13 +14,14 @@ import socket
 import ssl
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import launcher
 from launcher.core import log
 from launcher.status.payload import encode
 from launcher.status.settings import StatusEnv
+import contextlib
 
 REQUEST_TIMEOUT = 5.0
 _USER_AGENT = f"trainer-launcher/{launcher.__version__}"
@@ -36,9 +37,16 @@ class _Failure(Exception):
 
 
 class Sender:
-    def __init__(self, env: StatusEnv, interval: float = 5.0, on_problem: Callable[[str], None] = log.warning,
-                 *, on_recovered: Callable[[str], None] = log.info, backoff: tuple[float, float] = (5.0, 60.0),
-                 request_timeout: float = REQUEST_TIMEOUT):
+    def __init__(
+        self,
+        env: StatusEnv,
+        interval: float = 5.0,
+        on_problem: Callable[[str], None] = log.warning,
+        *,
+        on_recovered: Callable[[str], None] = log.info,
+        backoff: tuple[float, float] = (5.0, 60.0),
+        request_timeout: float = REQUEST_TIMEOUT,
+    ):
         self.url = env.url or ""
         self._parts = urlsplit(self.url)
         self._target = self._parts.path + (f"?{self._parts.query}" if self._parts.query else "")
@@ -46,16 +54,16 @@ class Sender:
         self._interval, self._backoff = interval, backoff
         self._request_timeout = min(request_timeout, REQUEST_TIMEOUT)
         self._on_problem, self._on_recovered = on_problem, on_recovered
-        self._lock = threading.Lock()        # guards _pending only; held for an assignment
-        self._send_lock = threading.Lock()   # one request at a time, so the final one is the last
+        self._lock = threading.Lock()  # guards _pending only; held for an assignment
+        self._send_lock = threading.Lock()  # one request at a time, so the final one is the last
         self._wake = threading.Event()
         self._pending: dict | None = None
         self._closing = False
         self._thread: threading.Thread | None = None
         self._next_at = 0.0
         self._delay = backoff[0]
-        self._logged: set[str] = set()       # kinds of problem logged since the last success
-        self._token = ""                     # the last token read, only to keep it out of log lines
+        self._logged: set[str] = set()  # kinds of problem logged since the last success
+        self._token = ""  # the last token read, only to keep it out of log lines
         self._context: ssl.SSLContext | None = None
         self._context_key: tuple | None = None
         self.sent = 0
@@ -83,8 +91,11 @@ class Sender:
         if final is None:
             return False
         result: list[bool] = []
-        sender = threading.Thread(target=lambda: result.append(self._send_final(final, time.monotonic() + timeout)),
-                                  name="status-final", daemon=True)
+        sender = threading.Thread(
+            target=lambda: result.append(self._send_final(final, time.monotonic() + timeout)),
+            name="status-final",
+            daemon=True,
+        )
         sender.start()
         sender.join(timeout)
         return bool(result and result[0])
@@ -148,21 +159,27 @@ class Sender:
             self.failed += 1
             if failure.kind not in self._logged:
                 self._logged.add(failure.kind)
-                self._say(self._on_problem, f"status server {self.url}: {failure.what}; progress will be retried quietly")
+                self._say(
+                    self._on_problem, f"status server {self.url}: {failure.what}; progress will be retried quietly"
+                )
             return failure
         except Exception as error:  # noqa: BLE001 - reporting must never take the launcher down
             self.failed += 1
             if "internal" not in self._logged:
                 self._logged.add("internal")
-                self._say(self._on_problem, f"status server {self.url}: {type(error).__name__}: {error}; "
-                                            "progress will be retried quietly")
+                self._say(
+                    self._on_problem,
+                    f"status server {self.url}: {type(error).__name__}: {error}; progress will be retried quietly",
+                )
             return _Failure(str(error), "internal")
         self.sent += 1
         if self._logged:
             rejected_only = all(kind.startswith("rejected") for kind in self._logged)
             self._logged.clear()
-            self._say(self._on_recovered, f"status server {self.url} " +
-                      ("accepts the status again" if rejected_only else "reachable again"))
+            self._say(
+                self._on_recovered,
+                f"status server {self.url} " + ("accepts the status again" if rejected_only else "reachable again"),
+            )
         return None
 
     def _say(self, write: Callable[[str], None], line: str) -> None:
@@ -178,7 +195,9 @@ class Sender:
             with open(self._token_path or "", encoding="utf-8") as file:
                 token = file.read().strip()
         except (OSError, UnicodeDecodeError) as error:
-            raise _Failure(f"cannot read the token file {self._token_path} ({error.strerror or error})", "token") from None
+            raise _Failure(
+                f"cannot read the token file {self._token_path} ({error.strerror or error})", "token"
+            ) from None
         if not token or any(c.isspace() for c in token):
             raise _Failure(f"the token file {self._token_path} is empty or not one token", "token")
         self._token = token
@@ -203,12 +222,17 @@ class Sender:
 
     def _post(self, body: dict, timeout: float) -> None:
         data = encode(body)
-        headers = {"Authorization": f"Bearer {self._read_token()}", "Content-Type": "application/json",
-                   "Accept": "application/json", "User-Agent": _USER_AGENT}
+        headers = {
+            "Authorization": f"Bearer {self._read_token()}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": _USER_AGENT,
+        }
         host, port = self._parts.hostname or "", self._parts.port
         if self._parts.scheme == "https":
             connection: http.client.HTTPConnection = http.client.HTTPSConnection(
-                host, port, timeout=timeout, context=self._tls())
+                host, port, timeout=timeout, context=self._tls()
+            )
         else:
             connection = http.client.HTTPConnection(host, port, timeout=timeout)
         # One deadline for the whole exchange: http.client's timeout bounds each read, and a server
@@ -248,10 +272,8 @@ def _abort(connection: http.client.HTTPConnection, expired: threading.Event) -> 
     expired.set()
     sock = connection.sock
     if sock is not None:
-        try:
+        with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
 
 def _status_message(reply: bytes) -> str:

@@ -72,11 +72,14 @@ class StatusEnv(Settings):
     """Upstream's status server contract; all optional (no URL: no reporting)."""
 
     url: Annotated[str | None, NoDecode, parsed(parse_status_url)] = field(
-        URL_ENV, None, "the TrainJob's status endpoint")
+        URL_ENV, None, "the TrainJob's status endpoint"
+    )
     ca_cert: Annotated[str | None, NoDecode, parsed(parse_readable_file)] = field(
-        CA_CERT_ENV, None, "the status server's CA certificate (a file)")
+        CA_CERT_ENV, None, "the status server's CA certificate (a file)"
+    )
     token: Annotated[str | None, NoDecode, parsed(parse_readable_file)] = field(
-        TOKEN_ENV, None, "the projected service account token (a file, re-read before each send)")
+        TOKEN_ENV, None, "the projected service account token (a file, re-read before each send)"
+    )
 
 
 def _looks_like_path(value: str) -> bool:

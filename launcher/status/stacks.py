@@ -196,8 +196,16 @@ def _registered(stacks_dir: str) -> list[_Registered]:
             continue
         if pid in (0, os.getpid()) or _start_time(pid) != start:
             continue  # exited, or its pid now belongs to another process
-        found.append(_Registered(path, pid, _int(header.get("rank")), _int(header.get("local_rank")), signum,
-                                 _int(header.get("main"), 16)))
+        found.append(
+            _Registered(
+                path,
+                pid,
+                _int(header.get("rank")),
+                _int(header.get("local_rank")),
+                signum,
+                _int(header.get("main"), 16),
+            )
+        )
     return found
 
 
@@ -209,16 +217,16 @@ def _header(path: str) -> dict[str, str] | None:
         return None
     if not first.startswith(_HEADER) or not first.endswith("\n"):
         return None
-    return dict(item.partition("=")[::2] for item in first[len(_HEADER):].split())
+    return dict(item.partition("=")[::2] for item in first[len(_HEADER) :].split())
 
 
 def _start_time(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
-        if stat[stat.rindex(b")") + 2:].split()[0] == b"Z":
+        if stat[stat.rindex(b")") + 2 :].split()[0] == b"Z":
             return None  # a zombie dumps nothing
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return None
 

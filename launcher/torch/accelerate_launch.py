@@ -33,8 +33,15 @@ from launcher.torch.job import TorchPod, run_pod
 USAGE = "accelerate launch [ACCELERATE FLAGS] SCRIPT [ARGS...]"
 READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accelerate_read.py")
 # accelerate's torchrun options, by the torchrun flag each is
-TORCHRUN = {"rdzv_backend": "--rdzv-backend", "rdzv_conf": "--rdzv-conf", "max_restarts": "--max-restarts",
-            "monitor_interval": "--monitor-interval", "role": "--role", "tee": "--tee", "log_dir": "--log-dir"}
+TORCHRUN = {
+    "rdzv_backend": "--rdzv-backend",
+    "rdzv_conf": "--rdzv-conf",
+    "max_restarts": "--max-restarts",
+    "monitor_interval": "--monitor-interval",
+    "role": "--role",
+    "tee": "--tee",
+    "log_dir": "--log-dir",
+}
 
 
 @dataclass(frozen=True)
@@ -66,10 +73,19 @@ class Reading:
     @classmethod
     def from_json(cls, document: dict) -> Reading:
         program = document["program"]
-        return cls(document["accelerate"], document["mode"], document.get("config"),
-                   {dest: Given(item["value"], item["from"]) for dest, item in document["given"].items()},
-                   dict(document["env"]), program["script"], tuple(program["args"]), bool(program["module"]),
-                   bool(program["noPython"]), dict(document.get("alone") or {}), tuple(document.get("warnings", ())))
+        return cls(
+            document["accelerate"],
+            document["mode"],
+            document.get("config"),
+            {dest: Given(item["value"], item["from"]) for dest, item in document["given"].items()},
+            dict(document["env"]),
+            program["script"],
+            tuple(program["args"]),
+            bool(program["module"]),
+            bool(program["noPython"]),
+            dict(document.get("alone") or {}),
+            tuple(document.get("warnings", ())),
+        )
 
 
 @dataclass(frozen=True)
@@ -79,11 +95,17 @@ class Translation:
     notes: tuple[str, ...] = ()
 
     def to_json(self, reading: Reading, words: list[str]) -> dict:
-        return {"argv": ["accelerate", "launch", *words], "accelerate": reading.version, "mode": reading.mode,
-                "config": reading.config,
-                "given": {dest: {"value": g.value, "from": g.source} for dest, g in reading.given.items()},
-                "torchrun": ["torchrun", *self.torchrun_args], "env": self.env, "notes": list(self.notes),
-                "alone": reading.alone}
+        return {
+            "argv": ["accelerate", "launch", *words],
+            "accelerate": reading.version,
+            "mode": reading.mode,
+            "config": reading.config,
+            "given": {dest: {"value": g.value, "from": g.source} for dest, g in reading.given.items()},
+            "torchrun": ["torchrun", *self.torchrun_args],
+            "env": self.env,
+            "notes": list(self.notes),
+            "alone": reading.alone,
+        }
 
 
 def translate(reading: Reading, env_nnodes: int) -> Translation:
@@ -97,23 +119,31 @@ def translate(reading: Reading, env_nnodes: int) -> Translation:
     if "num_processes" in given:
         total = _int(given["num_processes"], 1)
         if total % nnodes:
-            raise ConfigError(given["num_processes"].source, str(total),
-                              f"a multiple of the node count {nnodes}: it is the job's total number of processes")
+            raise ConfigError(
+                given["num_processes"].source,
+                str(total),
+                f"a multiple of the node count {nnodes}: it is the job's total number of processes",
+            )
         flags += ["--nproc-per-node", str(total // nnodes)]
     rank = given.get("machine_rank")
     if rank is not None and rank.typed:
         flags += ["--node-rank", str(_int(rank, 0))]
     elif rank is not None:
-        notes.append(f"{rank.source} left out: one config file serves every pod, so each pod's rank is its own "
-                     f"(PET_NODE_RANK)")
+        notes.append(
+            f"{rank.source} left out: one config file serves every pod, so each pod's rank is its own (PET_NODE_RANK)"
+        )
     if "main_process_ip" in given:
         flags += ["--master-addr", str(given["main_process_ip"].value)]
     port = given.get("main_process_port")
     if port is not None:
         if _int(port, 0) == 0:
             if nnodes > 1:
-                raise ConfigError(port.source, "0", f"the master's port: every one of the {nnodes} nodes must know it "
-                                                    "(0, a free port, only works on one machine)")
+                raise ConfigError(
+                    port.source,
+                    "0",
+                    f"the master's port: every one of the {nnodes} nodes must know it "
+                    "(0, a free port, only works on one machine)",
+                )
             flags += ["--standalone"]  # a free port of this machine, as accelerate's 0 means
         else:
             flags += ["--master-port", str(_int(port, 0))]
@@ -138,6 +168,7 @@ def _int(given: Given, low: int) -> int:
 
 # --- the CLI's side (`trainer-launcher torch|plan|local --accelerate`): I/O from here on -----------
 
+
 class Reader:
     """accelerate_read.py at work in ``python`` (default: this interpreter, the one the torch
     agent and its ranks run in): started at once, so that its ``import torch`` overlaps the
@@ -161,15 +192,23 @@ class Reader:
         self.out = os.path.join(self.scratch.name, "reading.json")
         # Accelerate's own lines (its defaults, its warnings) go to a file: said only if it fails.
         with open(os.path.join(self.scratch.name, "said.txt"), "w") as said:
-            self.process = subprocess.Popen([python or sys.executable, READER, "--out", self.out, "--", *words],
-                                            stdin=subprocess.DEVNULL, stdout=said, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(
+                [python or sys.executable, READER, "--out", self.out, "--", *words],
+                stdin=subprocess.DEVNULL,
+                stdout=said,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
 
     def result(self, timeout: float = 300.0) -> Reading:
         import json
 
         if self.process is None:
-            raise ConfigError("accelerate launch", " ".join(self.words) or None,
-                              f"a script to launch: {USAGE} (accelerate's own help is: accelerate launch --help)")
+            raise ConfigError(
+                "accelerate launch",
+                " ".join(self.words) or None,
+                f"a script to launch: {USAGE} (accelerate's own help is: accelerate launch --help)",
+            )
         with self.scratch:
             self.process.wait(timeout=timeout)
             with open(os.path.join(self.scratch.name, "said.txt"), errors="replace") as file:
@@ -234,4 +273,3 @@ def plan(words: list[str], torch_plan, overrides: dict | None = None) -> dict:
     translation = translate(reading, env_nnodes())
     document = torch_plan(list(translation.torchrun_args))
     return {**document, "accelerate": translation.to_json(reading, words)}
-

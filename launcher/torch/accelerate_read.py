@@ -66,8 +66,11 @@ def check_version(say) -> str:
     versions = _versions()
     installed = versions.installed("accelerate")
     if installed is None:
-        raise Refusal("accelerate", None, f"accelerate installed for {sys.executable} (pip install accelerate): "
-                                          "`accelerate launch` needs it")
+        raise Refusal(
+            "accelerate",
+            None,
+            f"accelerate installed for {sys.executable} (pip install accelerate): `accelerate launch` needs it",
+        )
     line = versions.runner_refusal("accelerate", say, installed)
     if line:
         raise Refusal("accelerate", installed, line.split(": expected ", 1)[1], version=True)
@@ -106,11 +109,16 @@ def validate(args):
         result = launch._validate_launch_command(args)
     except (ValueError, FileNotFoundError, KeyError, TypeError) as error:
         where = args.config_file or "accelerate launch"
-        raise Refusal("accelerate config" if args.config_file else "accelerate launch", where,
-                      f"a launch accelerate accepts ({type(error).__name__}: {error})") from None
+        raise Refusal(
+            "accelerate config" if args.config_file else "accelerate launch",
+            where,
+            f"a launch accelerate accepts ({type(error).__name__}: {error})",
+        ) from None
     if not (isinstance(result, tuple) and len(result) == 3):
-        raise RuntimeError(f"accelerate {launch.__name__}._validate_launch_command returned {type(result).__name__}, "
-                           "not (args, defaults, mp_from_config_flag)")
+        raise RuntimeError(
+            f"accelerate {launch.__name__}._validate_launch_command returned {type(result).__name__}, "
+            "not (args, defaults, mp_from_config_flag)"
+        )
     args, defaults, from_config = result
     return args, defaults, from_config, before
 
@@ -167,8 +175,7 @@ def ranks_env(args, mode: str, from_config: bool, defaults) -> dict[str, str]:
         if not _p2p_ok():
             for name in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"):
                 env.setdefault(name, "1")
-    return {name: value for name, value in env.items()
-            if os.environ.get(name) != value and name not in WORLD_ENV}
+    return {name: value for name, value in env.items() if os.environ.get(name) != value and name not in WORLD_ENV}
 
 
 def _p2p_ok() -> bool:
@@ -239,8 +246,12 @@ def read(words: list[str], say=lambda line: print(line, file=sys.stderr)) -> dic
         "config": config,
         "given": given,
         "env": dict(sorted(env.items())),
-        "program": {"script": args.training_script, "args": list(args.training_script_args),
-                    "module": bool(args.module), "noPython": bool(args.no_python)},
+        "program": {
+            "script": args.training_script,
+            "args": list(args.training_script_args),
+            "module": bool(args.module),
+            "noPython": bool(args.no_python),
+        },
         "alone": alone,
     }
 
@@ -256,8 +267,14 @@ def main(argv: list[str]) -> int:
         document, code = read(words, say=lambda line: warnings.append(line.removeprefix("warning: "))), 0
         document["warnings"] = warnings  # the launcher says them (this file's own output is kept back)
     except Refusal as refusal:
-        document = {"error": {"name": refusal.name, "value": refusal.value, "expected": refusal.expected,
-                              "version": refusal.version}}
+        document = {
+            "error": {
+                "name": refusal.name,
+                "value": refusal.value,
+                "expected": refusal.expected,
+                "version": refusal.version,
+            }
+        }
         code = EX_USAGE
     temporary = f"{options.out}.tmp"
     with open(temporary, "w") as out:

@@ -54,14 +54,16 @@ def _failure_record(failures: dict) -> dict:
     found = []
     for rank, failure in failures.items():  # torchrun inserts real failures first
         signaled = failure.exitcode < 0
-        found.append({
-            "rank": int(rank),
-            "localRank": failure.local_rank,
-            "exitCode": None if signaled else failure.exitcode,
-            "signal": failure.signal_name() if signaled else None,
-            "timestamp": failure.timestamp,
-            "message": _recorded_message(failure),
-        })
+        found.append(
+            {
+                "rank": int(rank),
+                "localRank": failure.local_rank,
+                "exitCode": None if signaled else failure.exitcode,
+                "signal": failure.signal_name() if signaled else None,
+                "timestamp": failure.timestamp,
+                "message": _recorded_message(failure),
+            }
+        )
     own = [f for f in found if f["signal"] != "SIGTERM"] or found
     root = min(own, key=lambda f: f["timestamp"])
     return {"failures": found, "rootRank": root["rank"]}
@@ -159,8 +161,9 @@ class Agent:
             if raised_in_launcher(error):
                 self.crashed(error)
             print(f"trainer-launcher: torchrun failed: {type(error).__name__}: {error}", file=sys.stderr)
-            self.finish({"agentError": f"{type(error).__name__}: {error}"[:1000], "type": type(error).__name__,
-                         "exitCode": 1})
+            self.finish(
+                {"agentError": f"{type(error).__name__}: {error}"[:1000], "type": type(error).__name__, "exitCode": 1}
+            )
         self.finish({"succeeded": True, "exitCode": 0})
 
     def crashed(self, error: BaseException) -> NoReturn:
@@ -168,8 +171,7 @@ class Agent:
         import traceback
 
         traceback.print_exception(error)
-        self.finish({"launcherError": describe(error), "where": crash_site(error),
-                     "exitCode": INTERNAL_ERROR})
+        self.finish({"launcherError": describe(error), "where": crash_site(error), "exitCode": INTERNAL_ERROR})
 
     def _stopped_by(self) -> dict:
         peers = self.peers
@@ -264,6 +266,7 @@ def _run(agent: Agent) -> int:
 
         peers = agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop, _dump_local_stacks)
         compat.publish_final_failures(lambda failures: peers.publish_stop(_stop_record(failures)))
+
         # On the node serving the job's store, the server lives as long as torchrun's store
         # object: held here, until the other nodes are done with it (Peers.conclude). The
         # watcher dials its own client once the agent has joined (Peers.joined).

@@ -70,8 +70,13 @@ FLAGS: tuple[Flag, ...] = (
     _value("master_port", "--master-port", "--master_port", kind="int"),
     _value("local_addr", "--local-addr", "--local_addr"),
     _value("logs_specs", "--logs-specs", "--logs_specs", from_env=False),
-    _value("numa_binding", "--numa-binding", "--numa_binding",
-           choices=("node", "socket", "exclusive", "core-complex"), from_env=False),
+    _value(
+        "numa_binding",
+        "--numa-binding",
+        "--numa_binding",
+        choices=("node", "socket", "exclusive", "core-complex"),
+        from_env=False,
+    ),
     _value("signals_to_handle", "--signals-to-handle", "--signals_to_handle"),
     _value("shutdown_timeout", "--shutdown-timeout", "--shutdown_timeout", kind="int"),
     _switch("virtual_local_rank", "--virtual-local-rank", "--virtual_local_rank"),
@@ -93,14 +98,17 @@ def grammar() -> tuple[dict[str, Flag], str]:
     flags = {}
     for found in installed.flags:
         known = BY_DEST.get(found.dest)
-        flags[found.dest] = Flag(found.dest, found.options, found.takes_value, found.kind,
-                                 known.choices if known else (), found.from_env)
+        flags[found.dest] = Flag(
+            found.dest, found.options, found.takes_value, found.kind, known.choices if known else (), found.from_env
+        )
     return flags, installed.version
 
 
 def flag(dest: str) -> Flag:
     """A flag by dest: the installed torchrun's, else our table's (a flag the plan writes)."""
     return grammar()[0].get(dest) or BY_DEST[dest]
+
+
 # argparse's own -h/--help: part of the grammar (``--he`` abbreviates it), never run by the launcher.
 HELP = ("-h", "--help")
 _PLACEHOLDER = "SCRIPT"
@@ -146,8 +154,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="torchrun", add_help=False, exit_on_error=False)
     parser.add_argument(*HELP, dest="help", action=_Record, nargs=0, default=argparse.SUPPRESS)
     for known in grammar()[0].values():
-        parser.add_argument(*known.options, dest=known.dest, action=_Record, nargs=None if known.takes_value else 0,
-                            default=argparse.SUPPRESS)
+        parser.add_argument(
+            *known.options,
+            dest=known.dest,
+            action=_Record,
+            nargs=None if known.takes_value else 0,
+            default=argparse.SUPPRESS,
+        )
     parser.add_argument("training_script")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return parser
@@ -167,14 +180,21 @@ def read(args: list[str] | tuple[str, ...], require_program: bool = True) -> Com
         if not message.startswith("the following arguments are required"):
             raise _line_error(message) from None
         if require_program:
-            raise ConfigError("SCRIPT", None, "a training script after the torchrun flags: "
-                                              "trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]") from None
+            raise ConfigError(
+                "SCRIPT",
+                None,
+                "a training script after the torchrun flags: "
+                "trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]",
+            ) from None
         # Only the script is missing (argparse checks values first): read the flags alone.
         return CommandLine(read([*args, _PLACEHOLDER]).given, ())
     given = namespace.given
     if "help" in given:
-        raise ConfigError("torchrun flag", given["help"].option,
-                          "flags to run with; torchrun's own help is: python -m torch.distributed.run --help")
+        raise ConfigError(
+            "torchrun flag",
+            given["help"].option,
+            "flags to run with; torchrun's own help is: python -m torch.distributed.run --help",
+        )
     return CommandLine(given, program)
 
 
@@ -186,8 +206,11 @@ def _check_type(flag: Flag, typed: Given) -> None:
     try:
         {"int": int, "float": float, "str": str}[flag.kind](value)
     except ValueError:
-        raise ConfigError(typed.option, value, f"{'an integer' if flag.kind == 'int' else 'a number'} "
-                                               f"(torchrun reads {flag.spelling} with {flag.kind}())") from None
+        raise ConfigError(
+            typed.option,
+            value,
+            f"{'an integer' if flag.kind == 'int' else 'a number'} (torchrun reads {flag.spelling} with {flag.kind}())",
+        ) from None
     if flag.choices and value not in flag.choices:
         raise ConfigError(typed.option, value, "one of " + ", ".join(flag.choices))
 
@@ -207,9 +230,13 @@ def _line_error(message: str) -> ConfigError:
         return ConfigError("torchrun flag", option, f"one torchrun flag, but it abbreviates several: {matches}")
     if message.startswith("unrecognized arguments: "):
         unknown = message.removeprefix("unrecognized arguments: ").split(" ")[0]
-        return ConfigError("torchrun flag", unknown, f"a flag the torchrun of torch {grammar()[1]} knows "
-                                                     f"(torchrun: error: {message}); "
-                                                     "put the script's own flags after the script")
+        return ConfigError(
+            "torchrun flag",
+            unknown,
+            f"a flag the torchrun of torch {grammar()[1]} knows "
+            f"(torchrun: error: {message}); "
+            "put the script's own flags after the script",
+        )
     return ConfigError("torchrun flags", None, message)
 
 

@@ -22,16 +22,25 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def add_shared_options(parser: argparse.ArgumentParser) -> None:
     """Options that `plan` and `local` take too."""
-    parser.add_argument("--tune", action="store_true",
-                        help="the words after -- are torchtune's `tune run` words: [TORCHRUN FLAGS] RECIPE "
-                             "--config CONFIG [KEY=VALUE ...] (the `tune` shim sends them)")
-    parser.add_argument("--accelerate", action="store_true",
-                        help="the words after -- are `accelerate launch` words: [ACCELERATE FLAGS] SCRIPT [ARGS...], "
-                             "read by Accelerate, the world from PET_* where they set none (the `accelerate` shim "
-                             "sends them)")
-    parser.add_argument("--distributed-launch", action="store_true",
-                        help="the words after -- are `python -m torch.distributed.launch` words: torchrun's and "
-                             "--use-env; without it each script is given --local-rank (the `python` shim sends them)")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="the words after -- are torchtune's `tune run` words: [TORCHRUN FLAGS] RECIPE "
+        "--config CONFIG [KEY=VALUE ...] (the `tune` shim sends them)",
+    )
+    parser.add_argument(
+        "--accelerate",
+        action="store_true",
+        help="the words after -- are `accelerate launch` words: [ACCELERATE FLAGS] SCRIPT [ARGS...], "
+        "read by Accelerate, the world from PET_* where they set none (the `accelerate` shim "
+        "sends them)",
+    )
+    parser.add_argument(
+        "--distributed-launch",
+        action="store_true",
+        help="the words after -- are `python -m torch.distributed.launch` words: torchrun's and "
+        "--use-env; without it each script is given --local-rank (the `python` shim sends them)",
+    )
 
 
 def run(args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
@@ -63,8 +72,9 @@ def plan(args: argparse.Namespace, overrides: dict[str, Override], rest: list[st
     if args.accelerate:
         from launcher.torch import accelerate_launch as accelerate
 
-        return print_plan(overrides, lambda launcher: accelerate.plan(rest, lambda words: build(launcher, words),
-                                                                          overrides))
+        return print_plan(
+            overrides, lambda launcher: accelerate.plan(rest, lambda words: build(launcher, words), overrides)
+        )
     if args.tune:
         from launcher.torch import tune
 
@@ -87,8 +97,9 @@ def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[s
             return rest
     # Each emulated pod reads an accelerate line itself, with its own PET_*.
     mode = ["--accelerate"] if args.accelerate else ["--distributed-launch"] if args.distributed_launch else []
-    return run_local(overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation,
-                     mode)
+    return run_local(
+        overrides, rest, args.nnodes, args.nproc_per_node, args.trainjob, args.master_port, args.isolation, mode
+    )
 
 
 def pod_request() -> PodRequest:
@@ -98,5 +109,9 @@ def pod_request() -> PodRequest:
     from launcher.torch.settings import TorchSettings
 
     torch = settings.load(TorchSettings)
-    return PodRequest(torch.nproc_per_node, settings.source_of(TorchSettings, "nproc_per_node") or "default",
-                      torch.master_addr, "PET_MASTER_ADDR")
+    return PodRequest(
+        torch.nproc_per_node,
+        settings.source_of(TorchSettings, "nproc_per_node") or "default",
+        torch.master_addr,
+        "PET_MASTER_ADDR",
+    )

@@ -78,9 +78,12 @@ def bind_workers(workers: list, in_child) -> bool:
             shim.__dict__.update(vars(subprocess))
             shim.Popen = popen
             module.subprocess = shim
+
     if real is None:
-        feature_off("binding ranks to the agent's life", "torch's subprocess handler has no Popen to wrap; "
-                                                         "the launcher's teardown still stops them")
+        feature_off(
+            "binding ranks to the agent's life",
+            "torch's subprocess handler has no Popen to wrap; the launcher's teardown still stops them",
+        )
         return False
 
     def popen(*args, **kwargs):
@@ -126,8 +129,10 @@ def publish_final_failures(on_final_failure) -> bool:
         return False
     monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
     if monitor is None or not hasattr(WorkerState, "FAILED"):
-        feature_off("telling other nodes before the local teardown",
-                    "LocalElasticAgent has no _monitor_workers; other nodes hear when torchrun exits")
+        feature_off(
+            "telling other nodes before the local teardown",
+            "LocalElasticAgent has no _monitor_workers; other nodes hear when torchrun exits",
+        )
         return False
 
     def watched(self, worker_group):
@@ -155,8 +160,10 @@ def stop_within_grace(timeout: int) -> bool:
         return False
     close = getattr(PContext, "close", None)
     if close is None or "timeout" not in _parameters(close):
-        feature_off("the grace period for ranks ignoring SIGTERM",
-                    "PContext.close takes no timeout: such ranks wait torchrun's own 30 s")
+        feature_off(
+            "the grace period for ranks ignoring SIGTERM",
+            "PContext.close takes no timeout: such ranks wait torchrun's own 30 s",
+        )
         return False
 
     def close_within(self, death_sig=None, timeout: float = timeout) -> None:
@@ -167,6 +174,7 @@ def stop_within_grace(timeout: int) -> bool:
     # torch 2.4 has no timeout here: its _stop_workers reaches close() through _shutdown(), which
     # the patch above already bounds.
     if hasattr(LocalElasticAgent, "_stop_workers") and shutdown is not None and "timeout" in _parameters(shutdown):
+
         def stop_workers(self, worker_group, *args, **kwargs) -> None:
             self._shutdown(timeout=getattr(self, "_shutdown_timeout", timeout))
 
@@ -212,8 +220,10 @@ def keep_rendezvous_store(keep) -> bool:
         return False
     rendezvous = getattr(SimpleElasticAgent, "_rendezvous", None)
     if rendezvous is None:
-        feature_off("keeping the job's store up until every node is done with it",
-                    "SimpleElasticAgent has no _rendezvous; the store may close before the other nodes are done")
+        feature_off(
+            "keeping the job's store up until every node is done with it",
+            "SimpleElasticAgent has no _rendezvous; the store may close before the other nodes are done",
+        )
         return False
 
     def rendezvous_kept(self, *args, **kwargs):
@@ -281,8 +291,9 @@ def torchrun_flags() -> InstalledTorchrun | None:
             tree = ast.parse(handle.read(), path)
     except (OSError, SyntaxError, ValueError):
         return None
-    parser = next((node for node in ast.walk(tree)
-                   if isinstance(node, ast.FunctionDef) and node.name == "get_args_parser"), None)
+    parser = next(
+        (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "get_args_parser"), None
+    )
     if parser is None:
         return None
     flags = [flag for node in ast.walk(parser) if (flag := _flag_of(node)) is not None]
@@ -301,11 +312,15 @@ def _flag_of(node: ast.AST) -> InstalledFlag | None:
     action = _name(keywords.get("action"))
     kind = _name(keywords.get("type")) or "str"
     dest = keywords.get("dest")
-    name = dest.value if isinstance(dest, ast.Constant) else next(
-        (o for o in options if o.startswith("--")), options[0]).lstrip("-").replace("-", "_")
+    name = (
+        dest.value
+        if isinstance(dest, ast.Constant)
+        else next((o for o in options if o.startswith("--")), options[0]).lstrip("-").replace("-", "_")
+    )
     switch = action in ("store_true", "store_false", "check_env", "store_const", "count")
-    return InstalledFlag(name, options, not switch, kind if kind in ("int", "float") else "str",
-                         action in ("env", "check_env"))
+    return InstalledFlag(
+        name, options, not switch, kind if kind in ("int", "float") else "str", action in ("env", "check_env")
+    )
 
 
 def _name(node: ast.AST | None) -> str | None:

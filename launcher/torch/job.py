@@ -16,13 +16,22 @@ import time
 from typing import TYPE_CHECKING
 
 from launcher import status
-from launcher.export.step import Export
 from launcher.core import lifecycle
-from launcher.core.outcome import (
-    PEER_LOSS_PATTERN, Outcome, Reasons, RootCause, aborted_on, classify, internal_error, last_lines, success, terminated,
-)
 from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
+from launcher.core.outcome import (
+    PEER_LOSS_PATTERN,
+    Outcome,
+    Reasons,
+    RootCause,
+    aborted_on,
+    classify,
+    internal_error,
+    last_lines,
+    success,
+    terminated,
+)
 from launcher.core.supervisor import Child, Supervisor
+from launcher.export.step import Export
 
 if TYPE_CHECKING:
     from launcher.core.devices import HostFacts
@@ -36,16 +45,17 @@ PEER_LINGER = 15.0
 _RENDEZVOUS_ERRORS = ("Rendezvous", "DistStoreError", "DistNetworkError", "TimeoutError", "ConnectionError", "gaierror")
 
 
-def make_plan(rest: list[str], require_program: bool = True,
-              launcher: LauncherSettings | None = None) -> tuple[TorchPlan, HostFacts]:
+def make_plan(
+    rest: list[str], require_program: bool = True, launcher: LauncherSettings | None = None
+) -> tuple[TorchPlan, HostFacts]:
     """Read and validate the environment and the torchrun flags after ``--``; plan the run.
     ``launcher``: the loaded knobs, flags included (None: their defaults). What the plan changed
     on its own (fewer accelerators than PET_NPROC_PER_NODE) is logged here."""
     from launcher.core import log, settings, versions
     from launcher.core.devices import probe_host
     from launcher.core.settings import HostEnv
-    from launcher.torch.settings import TorchSettings
     from launcher.torch.plan import plan_torch, split_torchrun_args
+    from launcher.torch.settings import TorchSettings
 
     versions.check("python", "torch", allow=launcher is not None and launcher.allow_untested_versions)
     run = split_torchrun_args(rest)
@@ -58,8 +68,9 @@ def make_plan(rest: list[str], require_program: bool = True,
     host = probe_host(settings.load(HostEnv))
     if not require_program and not run.program:
         run = type(run)(run.given, ("SCRIPT",))
-    plan = plan_torch(torch, host, run, sources, keep_nproc=launcher is not None and launcher.keep_nproc,
-                      user_env=settings.environ())
+    plan = plan_torch(
+        torch, host, run, sources, keep_nproc=launcher is not None and launcher.keep_nproc, user_env=settings.environ()
+    )
     for warning in plan.warnings:
         log.warning(warning)
     return plan, host
@@ -98,9 +109,19 @@ class TorchPod(lifecycle.Pod):
         self.status = life.listen(self._on_report, 64)
         self.agent = life.spawn(
             "torchrun",
-            [sys.executable, "-m", "launcher.torch.agent", "--control-fd", str(self.control.child_fd),
-             "--status-fd", str(self.status.child_fd), "--report", life.path("report.json"),
-             "--job", life.path("job.json")],
+            [
+                sys.executable,
+                "-m",
+                "launcher.torch.agent",
+                "--control-fd",
+                str(self.control.child_fd),
+                "--status-fd",
+                str(self.status.child_fd),
+                "--report",
+                life.path("report.json"),
+                "--job",
+                life.path("job.json"),
+            ],
             pipes=(self.control, self.status),
         )
 
@@ -119,8 +140,16 @@ class TorchPod(lifecycle.Pod):
             peers["dumpRequest"] = life.path("dump-stacks")
             monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], life.supervisor)
         entry = {"entry": self.entry} if self.entry else {}
-        self.control.send({"args": self.agent_args(plan), **entry, "env": {**plan.env_set, **self.extra_env, **life.watched},
-                           "unset": list(plan.env_unset), "grace": life.launcher.grace_period, "peers": peers})
+        self.control.send(
+            {
+                "args": self.agent_args(plan),
+                **entry,
+                "env": {**plan.env_set, **self.extra_env, **life.watched},
+                "unset": list(plan.env_unset),
+                "grace": life.launcher.grace_period,
+                "peers": peers,
+            }
+        )
 
     def agent_args(self, plan: TorchPlan) -> list[str]:
         return [*plan.torchrun_args, *plan.program]
@@ -140,8 +169,14 @@ class TorchPod(lifecycle.Pod):
     def _own(self, life: lifecycle.Life) -> Outcome:
         if life.watch is not None and life.watch.hang is not None:
             return life.watch.hang
-        return torch_outcome(life.supervisor, self.agent, _read_json(life.path("report.json"), {}),
-                             life.launcher.retryable_exit_codes, life.node, life.plan.nnodes == "1")
+        return torch_outcome(
+            life.supervisor,
+            self.agent,
+            _read_json(life.path("report.json"), {}),
+            life.launcher.retryable_exit_codes,
+            life.node,
+            life.plan.nnodes == "1",
+        )
 
     def judge(self, life: lifecycle.Life) -> Outcome:
         return self.verdict or self._own(life)
@@ -164,9 +199,18 @@ def _stacks_of_every_node(request: str, supervisor: Supervisor) -> list:
     while not os.path.exists(done) and time.monotonic() < deadline and supervisor.teardown_started is None:
         supervisor.poll(POLL)
     answers = _read_json(done, [])
-    return [RankStacks(pid=r.get("pid") or 0, rank=r.get("rank"), local_rank=r.get("localRank"), text="",
-                       top=tuple(r.get("top") or ()), node=answer.get("node"))
-            for answer in answers for r in answer.get("ranks", [])]
+    return [
+        RankStacks(
+            pid=r.get("pid") or 0,
+            rank=r.get("rank"),
+            local_rank=r.get("localRank"),
+            text="",
+            top=tuple(r.get("top") or ()),
+            node=answer.get("node"),
+        )
+        for answer in answers
+        for r in answer.get("ranks", [])
+    ]
 
 
 def _peers(plan: TorchPlan, node: str, grace: float) -> dict | None:
@@ -177,8 +221,14 @@ def _peers(plan: TorchPlan, node: str, grace: float) -> dict | None:
         return None
     if plan.sources.get("node_rank", "default") == "default":
         return None
-    return {"host": plan.wait.store[0], "port": plan.wait.store[1], "nnodes": int(plan.nnodes), "nodeRank": plan.node_rank,
-            "node": node, "linger": grace + PEER_LINGER}
+    return {
+        "host": plan.wait.store[0],
+        "port": plan.wait.store[1],
+        "nnodes": int(plan.nnodes),
+        "nodeRank": plan.node_rank,
+        "node": node,
+        "linger": grace + PEER_LINGER,
+    }
 
 
 def _summary(plan: TorchPlan) -> str:
@@ -206,8 +256,9 @@ def _read_json(path: str, default):
 
 def _node_outcome(summary: dict) -> NodeOutcome:
     outcome = summary.get("outcome")
-    return NodeOutcome(summary["nodeRank"], summary["node"], Outcome.from_json(outcome) if outcome else None,
-                       summary.get("failedAt"))
+    return NodeOutcome(
+        summary["nodeRank"], summary["node"], Outcome.from_json(outcome) if outcome else None, summary.get("failedAt")
+    )
 
 
 # torch's prefix on what a rank prints of its exception: "[rank3]: RuntimeError: ..."
@@ -220,8 +271,9 @@ def _said_by_another_rank(line: str, rank: int) -> bool:
     return said is not None and int(said[1]) != rank
 
 
-def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str,
-                  one_node: bool = True) -> Outcome:
+def torch_outcome(
+    supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str, one_node: bool = True
+) -> Outcome:
     """Turn what the agent reported into a row of the exit-code table (``codes``: the retryable set).
     The agent may still be alive (it waits for this verdict): its report says how it will exit.
     ``one_node``: every rank of the job is on this node."""
@@ -243,12 +295,21 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
     tail = last_lines(agent.tail)
     if "failures" in report:
         root = next(f for f in report["failures"] if f["rank"] == report["rootRank"])
-        cause = RootCause(node=node, rank=root["rank"], local_rank=root["localRank"],
-                          exit_code=root["exitCode"], signal=root["signal"])
+        cause = RootCause(
+            node=node,
+            rank=root["rank"],
+            local_rank=root["localRank"],
+            exit_code=root["exitCode"],
+            signal=root["signal"],
+        )
         evidence = agent.evidence
-        if evidence and root["signal"] is None and PEER_LOSS_PATTERN.search(evidence) \
-                and not (supervisor.evidence and supervisor.evidence.search(root.get("message") or "")) \
-                and (one_node or _said_by_another_rank(evidence, root["rank"])):
+        if (
+            evidence
+            and root["signal"] is None
+            and PEER_LOSS_PATTERN.search(evidence)
+            and not (supervisor.evidence and supervisor.evidence.search(root.get("message") or ""))
+            and (one_node or _said_by_another_rank(evidence, root["rank"]))
+        ):
             # torchrun's first failure here exited on its own, and its own message shows no fault:
             # the other ranks' "connection closed by peer" is its echo, not a network fault (a
             # rank exiting 3 while the rest wait in a gloo collective). On a node of several,
@@ -256,8 +317,13 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
             # evidence, so the job's root cause is the node whose rank failed on its own
             # (launcher.core.job_outcome), even if this node saw its echo a moment sooner.
             evidence = None
-        outcome = classify(_returncode(root), retryable_codes=codes, evidence=evidence, root_cause=cause,
-                           what=f"rank {root['rank']} (local rank {root['localRank']}) on {node}")
+        outcome = classify(
+            _returncode(root),
+            retryable_codes=codes,
+            evidence=evidence,
+            root_cause=cause,
+            what=f"rank {root['rank']} (local rank {root['localRank']}) on {node}",
+        )
         if said := root.get("message") or (root["signal"] == "SIGABRT" and aborted_on(agent.tail)):
             # A rank the C++ runtime aborted (torch's NCCL watchdog on a CUDA error) wrote no
             # error file: its "what():" line is its error.
@@ -277,11 +343,18 @@ def torch_outcome(supervisor: Supervisor, agent: Child, report: dict, codes: fro
     if not report and returncode is not None and returncode > 0:
         # The agent reports every way torchrun ends; exiting on its own without a report, it
         # crashed (an uncaught exception: its traceback's last line is in its output).
-        last = next((line for line in reversed(agent.tail) if line.strip()), "the torch agent exited "
-                    f"with code {returncode} without a report")
+        last = next(
+            (line for line in reversed(agent.tail) if line.strip()),
+            f"the torch agent exited with code {returncode} without a report",
+        )
         return internal_error(last.strip(), None, node).with_extra(**tail)
-    return classify(returncode if returncode is not None else 1, retryable_codes=codes, evidence=agent.evidence,
-                    root_cause=RootCause(node=node), what=f"torchrun on {node}").with_extra(**tail)
+    return classify(
+        returncode if returncode is not None else 1,
+        retryable_codes=codes,
+        evidence=agent.evidence,
+        root_cause=RootCause(node=node),
+        what=f"torchrun on {node}",
+    ).with_extra(**tail)
 
 
 def _stopped(record: dict, codes: frozenset[int], node: str) -> Outcome:
@@ -289,10 +362,18 @@ def _stopped(record: dict, codes: frozenset[int], node: str) -> Outcome:
     the node serving the job's store vanished without a word."""
     if "lost" in record:
         host = record["lost"].rsplit(":", 1)[0]
-        return Outcome.of(Reasons.PEER_LOST, f"the node serving the job's store at {record['lost']} is gone; "
-                                             f"{node} stopped its ranks", RootCause(node=host))
-    cause = RootCause(node=record.get("node"), rank=record.get("rank"), local_rank=record.get("localRank"),
-                      exit_code=record.get("exitCode"), signal=record.get("signal"))
+        return Outcome.of(
+            Reasons.PEER_LOST,
+            f"the node serving the job's store at {record['lost']} is gone; {node} stopped its ranks",
+            RootCause(node=host),
+        )
+    cause = RootCause(
+        node=record.get("node"),
+        rank=record.get("rank"),
+        local_rank=record.get("localRank"),
+        exit_code=record.get("exitCode"),
+        signal=record.get("signal"),
+    )
     what = f"rank {cause.rank} on {cause.node}" if cause.rank is not None else f"{cause.node}"
     return stopped_by(classify(_returncode(record), retryable_codes=codes, root_cause=cause, what=what), node)
 

@@ -34,7 +34,7 @@ class LegacyLine:
         """The planned torchrun flags and program as ``torch.distributed.launch`` reads them (the
         switch before a ``--`` that ends the flags)."""
         end = ["--"] if flags[-1:] == ("--",) else []
-        return [*flags[:len(flags) - len(end)], *(["--use-env"] if self.use_env else []), *end, *program]
+        return [*flags[: len(flags) - len(end)], *(["--use-env"] if self.use_env else []), *end, *program]
 
 
 def read(words: list[str]) -> LegacyLine:
@@ -42,8 +42,12 @@ def read(words: list[str]) -> LegacyLine:
     line = _split(list(words))
     no_python = torchrun_args.read(list(line.torchrun_words), require_program=False).given.get("no_python")
     if no_python is not None and not line.use_env:
-        raise ConfigError(no_python.option, True, "--use-env with it: torch.distributed.launch gives each process "
-                                                  "--local-rank, which only a python script reads")
+        raise ConfigError(
+            no_python.option,
+            True,
+            "--use-env with it: torch.distributed.launch gives each process "
+            "--local-rank, which only a python script reads",
+        )
     return line
 
 
@@ -51,7 +55,7 @@ def _split(words: list[str]) -> LegacyLine:
     for index, word in enumerate(words):
         if word not in USE_ENV:
             continue
-        rest = words[:index] + words[index + 1:]
+        rest = words[:index] + words[index + 1 :]
         program = torchrun_args.read(rest, require_program=False).program
         if index <= len(rest) - len(program):  # among the flags, not the script's arguments
             return LegacyLine(tuple(rest), True)
@@ -66,11 +70,12 @@ def plan(words: list[str], torch_plan) -> dict:
     document = torch_plan(list(line.torchrun_words))
     planned = tuple(document["argv"][1:])  # after "torchrun"
     program = torchrun_args.read(planned, require_program=False).program
-    flags = planned[:len(planned) - len(program)]
+    flags = planned[: len(planned) - len(program)]
     return {**document, "argv": ["python", "-m", MODULE, *line.module_args(flags, program)], "useEnv": line.use_env}
 
 
 # --- the CLI's side (`trainer-launcher torch --distributed-launch`) --------------------------------
+
 
 def run(overrides: dict, words: list[str]) -> int:
     return run_pod(overrides, LegacyLaunchPod(words))

@@ -16,21 +16,32 @@ from launcher.torch.settings import parse_nproc
 def node_env(job: Pods, index: int, nproc_per_node: str, master_port: int, base: dict[str, str]) -> dict[str, str]:
     """What the controller injects into the ``node`` container of pod ``index``."""
     env = job.base_env(index, base, drop=("PET_",))
-    env.update({
-        "PET_NNODES": str(job.nnodes),
-        "PET_NPROC_PER_NODE": nproc_per_node,
-        "PET_NODE_RANK": str(index),
-        "PET_MASTER_ADDR": job.address(0),
-        "PET_MASTER_PORT": str(master_port),
-        # torchrun prefixes each rank's lines with this when it tees them (--tee 3).
-        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank-${rank}]:",
-    })
+    env.update(
+        {
+            "PET_NNODES": str(job.nnodes),
+            "PET_NPROC_PER_NODE": nproc_per_node,
+            "PET_NODE_RANK": str(index),
+            "PET_MASTER_ADDR": job.address(0),
+            "PET_MASTER_PORT": str(master_port),
+            # torchrun prefixes each rank's lines with this when it tees them (--tee 3).
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank-${rank}]:",
+        }
+    )
     return env
 
 
-def run_local(launcher_overrides: dict[str, Override], rest: list[str], nnodes: str, nproc_per_node: str,
-              trainjob: str, master_port: str | None, isolation: str, mode: list[str] = ()) -> int:
+def run_local(
+    launcher_overrides: dict[str, Override],
+    rest: list[str],
+    nnodes: str,
+    nproc_per_node: str,
+    trainjob: str,
+    master_port: str | None,
+    isolation: str,
+    mode: list[str] = (),
+) -> int:
     """``mode``: ``trainer-launcher torch``'s options that say what the words are (``--accelerate``)."""
+
     def body(launcher: LauncherSettings) -> Outcome:
         job = pods(nnodes, trainjob, isolation)
         try:
@@ -39,7 +50,11 @@ def run_local(launcher_overrides: dict[str, Override], rest: list[str], nnodes: 
             raise ConfigError("--nproc-per-node", nproc_per_node, str(error)) from None
         master = port(master_port)
         if not rest:
-            raise ConfigError("SCRIPT", None, "a training script: trainer-launcher local --nnodes N --nproc-per-node P -- SCRIPT [ARGS...]")
+            raise ConfigError(
+                "SCRIPT",
+                None,
+                "a training script: trainer-launcher local --nnodes N --nproc-per-node P -- SCRIPT [ARGS...]",
+            )
         knobs = knob_args(launcher_overrides)
 
         def pod_command(index: int) -> tuple[list[str], dict[str, str]]:

@@ -35,9 +35,10 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
+import contextlib
 
 PREFIX = "trainer-launcher/"
 STOP = PREFIX + "stop"
@@ -84,16 +85,24 @@ class PeerConfig:
     def from_json(cls, data: dict | None) -> PeerConfig | None:
         if not data:
             return None
-        return cls(data["host"], int(data["port"]), int(data["nnodes"]), int(data["nodeRank"]),
-                   data["node"], float(data["linger"]), data.get("dumpRequest"))
+        return cls(
+            data["host"],
+            int(data["port"]),
+            int(data["nnodes"]),
+            int(data["nodeRank"]),
+            data["node"],
+            float(data["linger"]),
+            data.get("dumpRequest"),
+        )
 
 
 class Peers:
     """This node's side of the job-wide channel. ``on_stop`` runs on the watcher thread when a
     peer's stop record arrives (or the store's host vanished) while this node has not finished."""
 
-    def __init__(self, config: PeerConfig, on_stop: Callable[[dict], None],
-                 on_dump: Callable[[], list[dict]] | None = None):
+    def __init__(
+        self, config: PeerConfig, on_stop: Callable[[dict], None], on_dump: Callable[[], list[dict]] | None = None
+    ):
         """``on_dump``: take this node's ranks' stacks (and log them); their top frames return."""
         self.config = config
         self._on_stop = on_stop
@@ -120,8 +129,14 @@ class Peers:
         while not pause.is_set() and (deadline is None or time.monotonic() < deadline):
             try:
                 socket.create_connection((self.config.host, self.config.port), timeout=CONNECT_TIMEOUT).close()
-                return TCPStore(self.config.host, self.config.port, world_size=None, is_master=False,
-                                timeout=timedelta(seconds=CONNECT_TIMEOUT), wait_for_workers=False)
+                return TCPStore(
+                    self.config.host,
+                    self.config.port,
+                    world_size=None,
+                    is_master=False,
+                    timeout=timedelta(seconds=CONNECT_TIMEOUT),
+                    wait_for_workers=False,
+                )
             except Exception:  # not up yet (the master's agent creates it), or gone
                 pause.wait(POLL)
         return None
@@ -234,8 +249,12 @@ class Peers:
         published said so (or ``DONE_WAIT`` passed), so it never takes the store away from a
         node still using it. Never raises: a lost peer costs only time."""
         self._finished.set()
-        summary = {"nodeRank": self.config.node_rank, "node": self.config.node, "outcome": outcome,
-                   "failedAt": self.failed_at}
+        summary = {
+            "nodeRank": self.config.node_rank,
+            "node": self.config.node,
+            "outcome": outcome,
+            "failedAt": self.failed_at,
+        }
         store = self._main_store()
         if store is None:
             return [summary]
@@ -290,10 +309,8 @@ def stop_local_ranks(workers: list, grace: float) -> None:
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
         alive = [p for p in workers if p.poll() is None]
         for process in alive:
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(process.pid, sig)
-            except OSError:
-                pass
         end = time.monotonic() + wait
         while any(p.poll() is None for p in alive) and time.monotonic() < end:
             time.sleep(0.05)

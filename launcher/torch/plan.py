@@ -18,13 +18,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from launcher.torch import args as torchrun_args
 from launcher.core.devices import HostFacts, resolve_nproc
 from launcher.core.knobs import Override
 from launcher.core.outcome import ConfigError
 from launcher.status import flight
-from launcher.torch.settings import TorchSettings
+from launcher.torch import args as torchrun_args
 from launcher.torch.args import CommandLine, Given
+from launcher.torch.settings import TorchSettings
 
 C10D_DEFAULT_PORT = 29400
 ETCD_DEFAULT_PORT = 2379
@@ -35,8 +35,19 @@ DEFAULT_RDZV_ID = "none"
 # torchrun flags that set what TorchSettings holds; the launcher plans them (flags beat PET_*).
 OWNED = tuple(TorchSettings.model_fields)
 # The order a plan writes the flags it plans; the user's other flags follow in the user's order.
-_ORDER = ("standalone", "nnodes", "nproc_per_node", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
-          "rdzv_conf", "master_addr", "master_port", "max_restarts")
+_ORDER = (
+    "standalone",
+    "nnodes",
+    "nproc_per_node",
+    "node_rank",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "rdzv_conf",
+    "master_addr",
+    "master_port",
+    "max_restarts",
+)
 assert set(_ORDER) == set(OWNED)
 # The variables behind the owned flags: removed from torchrun's environment, so it sees only the
 # flags the plan prints. torchrun's other PET_* variables stay and keep their meaning.
@@ -133,16 +144,21 @@ def fit_to_accelerators(nproc: int, source: str, host: HostFacts, keep: bool) ->
     if source != "PET_NPROC_PER_NODE" or accelerators is None:
         return nproc, None
     if accelerators.count is None:
-        return nproc, (f"PET_NPROC_PER_NODE={nproc} kept: {accelerators.kind}s are visible but could not be "
-                       f"counted ({accelerators.how})")
+        return nproc, (
+            f"PET_NPROC_PER_NODE={nproc} kept: {accelerators.kind}s are visible but could not be "
+            f"counted ({accelerators.how})"
+        )
     if nproc <= accelerators.count:
         return nproc, None
     if keep:
-        return nproc, (f"PET_NPROC_PER_NODE={nproc} kept although only {accelerators.count} {accelerators.kind}s "
-                       f"are visible (LAUNCHER_KEEP_NPROC)")
+        return nproc, (
+            f"PET_NPROC_PER_NODE={nproc} kept although only {accelerators.count} {accelerators.kind}s "
+            f"are visible (LAUNCHER_KEEP_NPROC)"
+        )
     return accelerators.count, (
         f"PET_NPROC_PER_NODE={nproc} but only {accelerators.count} {accelerators.kind}s are visible "
-        f"({accelerators.how}): one process per {accelerators.kind}; LAUNCHER_KEEP_NPROC=1 keeps {nproc}")
+        f"({accelerators.how}): one process per {accelerators.kind}; LAUNCHER_KEEP_NPROC=1 keeps {nproc}"
+    )
 
 
 def _name(sources: dict[str, str], field_name: str, env: str) -> str:
@@ -199,10 +215,13 @@ def plan_torch(
     nnodes = str(min_nodes) if min_nodes == max_nodes else f"{min_nodes}:{max_nodes}"
     nproc_name = sources.get("nproc_per_node", "default")
     nproc, nproc_source = resolve_nproc(torch.nproc_per_node, host, nproc_name)
-    nproc, nproc_note = fit_to_accelerators(nproc, nproc_name if isinstance(torch.nproc_per_node, int) else "", host, keep_nproc)
+    nproc, nproc_note = fit_to_accelerators(
+        nproc, nproc_name if isinstance(torch.nproc_per_node, int) else "", host, keep_nproc
+    )
     if torch.node_rank >= max_nodes:
         raise ConfigError(
-            _name(sources, "node_rank", "PET_NODE_RANK"), str(torch.node_rank),
+            _name(sources, "node_rank", "PET_NODE_RANK"),
+            str(torch.node_rank),
             f"a node rank below the node count {max_nodes} ({_name(sources, 'nnodes', 'PET_NNODES')}={nnodes})",
         )
     shown = {
@@ -226,7 +245,11 @@ def plan_torch(
     order = [dest for dest in _ORDER if dest in planned] + [dest for dest in typed if dest not in OWNED]
     flags = tuple(torchrun_args.render({**planned, **typed}, order))
     if not run.program:
-        raise ConfigError("SCRIPT", None, "a training script after the options: trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]")
+        raise ConfigError(
+            "SCRIPT",
+            None,
+            "a training script after the options: trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]",
+        )
     program = tuple(torchrun_args.program_argv(run.program))
     _check_reads_back(flags + program, typed, planned, run.program)
     env_set: dict[str, str] = {}
@@ -268,16 +291,18 @@ def _rendezvous(torch: TorchSettings, sources: dict[str, str], nnodes: str) -> _
     backend = torch.rdzv_backend
     backend_source = _name(sources, "rdzv_backend", "PET_RDZV_BACKEND")
     if torch.standalone:
-        return _Rendezvous("standalone", {"standalone": True}, Wait(),
-                           {"mode": _name(sources, "standalone", "PET_STANDALONE")})
+        return _Rendezvous(
+            "standalone", {"standalone": True}, Wait(), {"mode": _name(sources, "standalone", "PET_STANDALONE")}
+        )
     if backend is None and min_nodes != max_nodes:
         # torchrun's static default cannot admit a varying node count: it would wait for MAX.
         return _dynamic("c10d", torch, sources, nnodes, "an elastic node count with no rendezvous backend given")
     if backend in (None, "static"):
         if max_nodes == 1 and torch.rdzv_endpoint is None and "master_port" not in sources:
             # torchrun does the same: a private c10d store on a free port.
-            return _Rendezvous("standalone", {"standalone": True}, Wait(),
-                               {"mode": "one node and no master port or endpoint"})
+            return _Rendezvous(
+                "standalone", {"standalone": True}, Wait(), {"mode": "one node and no master port or endpoint"}
+            )
         return _static(torch, sources, nnodes, backend_source if backend else "default (torchrun's static rendezvous)")
     return _dynamic(backend, torch, sources, nnodes, backend_source)
 
@@ -291,8 +316,11 @@ def _static(torch: TorchSettings, sources: dict[str, str], nnodes: str, backend_
         endpoint_name = _name(sources, "rdzv_endpoint", "PET_RDZV_ENDPOINT")
         host, port = torch_endpoint(torch.rdzv_endpoint, None)
         if port is None:
-            raise ConfigError(endpoint_name, torch.rdzv_endpoint,
-                              "HOST:PORT: static rendezvous takes the master's port from the endpoint")
+            raise ConfigError(
+                endpoint_name,
+                torch.rdzv_endpoint,
+                "HOST:PORT: static rendezvous takes the master's port from the endpoint",
+            )
         fill["rdzv_endpoint"] = torch.rdzv_endpoint
         shown["master"] = f"{endpoint_name} (static: the endpoint is the master)"
     else:
@@ -316,11 +344,14 @@ def _dynamic(backend: str, torch: TorchSettings, sources: dict[str, str], nnodes
     if endpoint is None:
         if torch.master_addr is None:
             raise ConfigError(
-                "PET_MASTER_ADDR", None,
+                "PET_MASTER_ADDR",
+                None,
                 f"the master's address (or PET_RDZV_ENDPOINT) for {backend} rendezvous (nnodes {nnodes})",
             )
         endpoint = f"{_bracketed(torch.master_addr)}:{torch.master_port}"
-        shown["rdzv_endpoint"] = f"{_name(sources, 'master_addr', 'PET_MASTER_ADDR')}:{_name(sources, 'master_port', 'default')}"
+        shown["rdzv_endpoint"] = (
+            f"{_name(sources, 'master_addr', 'PET_MASTER_ADDR')}:{_name(sources, 'master_port', 'default')}"
+        )
     else:
         shown["rdzv_endpoint"] = _name(sources, "rdzv_endpoint", "PET_RDZV_ENDPOINT")
     if torch.rdzv_id is not None:
@@ -333,8 +364,12 @@ def _dynamic(backend: str, torch: TorchSettings, sources: dict[str, str], nnodes
     fill: dict[str, str | bool] = {"rdzv_backend": backend, "rdzv_endpoint": endpoint, "rdzv_id": rdzv_id}
     # c10d: the node whose address is the endpoint serves the store (rank 0 under Trainer);
     # etcd is a server of its own that every node needs.
-    return _Rendezvous(backend, fill, _wait_for(host, port, rank_zero_serves=torch.node_rank == 0 and not etcd,
-                                                store=backend == "c10d"), shown)
+    return _Rendezvous(
+        backend,
+        fill,
+        _wait_for(host, port, rank_zero_serves=torch.node_rank == 0 and not etcd, store=backend == "c10d"),
+        shown,
+    )
 
 
 def _check_reads_back(argv: tuple[str, ...], typed: dict[str, Given], planned: dict, program: tuple[str, ...]) -> None:
@@ -342,11 +377,17 @@ def _check_reads_back(argv: tuple[str, ...], typed: dict[str, Given], planned: d
     (``--`` handling changed between Python versions), so the plan is read back to be sure."""
     line = torchrun_args.read(list(argv))
     values = {dest: str(t.value) for dest, t in line.given.items()}
-    meant = {dest: str(v.value if isinstance(v, Given) else v) for dest, v in {**planned, **typed}.items()
-             if not (v is False)}
+    meant = {
+        dest: str(v.value if isinstance(v, Given) else v)
+        for dest, v in {**planned, **typed}.items()
+        if v is not False
+    }
     if line.program != program or values != meant:
-        raise ConfigError("torchrun flags", " ".join(argv),
-                          "a command line torchrun reads back unchanged (please report this as a bug)")
+        raise ConfigError(
+            "torchrun flags",
+            " ".join(argv),
+            "a command line torchrun reads back unchanged (please report this as a bug)",
+        )
 
 
 def _host_port(address: tuple[str, int] | None) -> str | None:
@@ -361,5 +402,8 @@ def _bracketed(host: str) -> str:
 def _wait_for(host: str, port: int | None, rank_zero_serves: bool, store: bool = False) -> Wait:
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     # The serving node opens the port itself; the others need it up before torchrun dials it.
-    return Wait(resolve=bare, connect=None if rank_zero_serves or port is None else (bare, port),
-                store=(bare, port) if store and port is not None else None)
+    return Wait(
+        resolve=bare,
+        connect=None if rank_zero_serves or port is None else (bare, port),
+        store=(bare, port) if store and port is not None else None,
+    )

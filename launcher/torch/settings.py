@@ -7,7 +7,17 @@ from typing import Annotated, Any
 
 from pydantic_settings import NoDecode
 
-from launcher.core.settings import Invalid, Settings, field, int_in, parse_bool, parse_choice, parse_endpoint, parse_host, parsed
+from launcher.core.settings import (
+    Invalid,
+    Settings,
+    field,
+    int_in,
+    parse_bool,
+    parse_choice,
+    parse_endpoint,
+    parse_host,
+    parsed,
+)
 
 MAX_NODES = 100_000
 MAX_NPROC = 1024
@@ -68,24 +78,35 @@ class TorchSettings(Settings):
     """What Trainer's torch policy injects (``PET_*``), with torchrun's defaults."""
 
     nnodes: Annotated[tuple[int, int], NoDecode, parsed(parse_nnodes)] = field(
-        "PET_NNODES", (1, 1), "node count, or MIN:MAX for elastic jobs")
+        "PET_NNODES", (1, 1), "node count, or MIN:MAX for elastic jobs"
+    )
     nproc_per_node: Annotated[str | int, NoDecode, parsed(parse_nproc)] = field(
-        "PET_NPROC_PER_NODE", 1, "processes per node: auto, cpu, gpu or a count")
+        "PET_NPROC_PER_NODE", 1, "processes per node: auto, cpu, gpu or a count"
+    )
     node_rank: Annotated[int, NoDecode, parsed(int_in(0, MAX_NODES - 1))] = field(
-        ("PET_NODE_RANK", "JOB_COMPLETION_INDEX"), 0, "this node's rank")
+        ("PET_NODE_RANK", "JOB_COMPLETION_INDEX"), 0, "this node's rank"
+    )
     master_addr: Annotated[str | None, NoDecode, parsed(parse_host)] = field(
-        "PET_MASTER_ADDR", None, "the rank-0 node's address")
+        "PET_MASTER_ADDR", None, "the rank-0 node's address"
+    )
     master_port: Annotated[int, NoDecode, parsed(int_in(1, 65535, "a port"))] = field(
-        "PET_MASTER_PORT", 29500, "the rank-0 node's port")
+        "PET_MASTER_PORT", 29500, "the rank-0 node's port"
+    )
     rdzv_backend: Annotated[str | None, NoDecode, parsed(_backend)] = field(
-        "PET_RDZV_BACKEND", None, "rendezvous backend")
+        "PET_RDZV_BACKEND", None, "rendezvous backend"
+    )
     rdzv_endpoint: Annotated[str | None, NoDecode, parsed(parse_endpoint)] = field(
-        "PET_RDZV_ENDPOINT", None, "rendezvous HOST[:PORT]")
+        "PET_RDZV_ENDPOINT", None, "rendezvous HOST[:PORT]"
+    )
     rdzv_id: Annotated[str | None, NoDecode, parsed(parse_rdzv_id)] = field(
-        "PET_RDZV_ID", None, "rendezvous id shared by all nodes of the job")
+        "PET_RDZV_ID", None, "rendezvous id shared by all nodes of the job"
+    )
     rdzv_conf: Annotated[str | None, NoDecode, parsed(parse_rdzv_conf)] = field(
-        "PET_RDZV_CONF", None, "rendezvous KEY=VALUE,... settings")
+        "PET_RDZV_CONF", None, "rendezvous KEY=VALUE,... settings"
+    )
     max_restarts: Annotated[int | None, NoDecode, parsed(int_in(0, 10_000))] = field(
-        "PET_MAX_RESTARTS", None, "worker group restarts before failing")
+        "PET_MAX_RESTARTS", None, "worker group restarts before failing"
+    )
     standalone: Annotated[bool, NoDecode, parsed(parse_bool)] = field(
-        "PET_STANDALONE", False, "single-node job with a private rendezvous")
+        "PET_STANDALONE", False, "single-node job with a private rendezvous"
+    )

@@ -81,13 +81,19 @@ class TuneRun:
     command: tuple[str, ...] = ()  # one device: the command the launcher supervises
 
     def to_json(self) -> dict:
-        return {"recipe": self.recipe, "script" if not self.module else "module": self.target,
-                "builtin": self.builtin, "config": self.config, "configPath": self.config_path,
-                "distributed": self.distributed}
+        return {
+            "recipe": self.recipe,
+            "script" if not self.module else "module": self.target,
+            "builtin": self.builtin,
+            "config": self.config,
+            "configPath": self.config_path,
+            "distributed": self.distributed,
+        }
 
 
-def resolve(words: list[str] | tuple[str, ...], registry: Registry | None, python: str,
-            distributed: bool | None = None) -> TuneRun:
+def resolve(
+    words: list[str] | tuple[str, ...], registry: Registry | None, python: str, distributed: bool | None = None
+) -> TuneRun:
     """``words``: what follows ``tune run``. ``registry``: torchtune's (None: torchtune is not
     installed). ``python``: the interpreter for a single-device run. ``distributed``: force the
     choice (``local`` emulates nodes, which is distributed whatever the flags)."""
@@ -96,7 +102,9 @@ def resolve(words: list[str] | tuple[str, ...], registry: Registry | None, pytho
         line = torchrun_args.read(words, require_program=False)
     except ConfigError as error:
         if error.value in torchrun_args.HELP:
-            raise ConfigError("tune run flag", error.value, "flags to run with; tune's own help is: tune run --help") from None
+            raise ConfigError(
+                "tune run flag", error.value, "flags to run with; tune's own help is: tune run --help"
+            ) from None
         raise
     if not line.program:
         raise ConfigError("RECIPE", None, f"a recipe name or path after the torchrun flags: {USAGE}")
@@ -107,8 +115,12 @@ def resolve(words: list[str] | tuple[str, ...], registry: Registry | None, pytho
     if recipe is not None:
         target, module = os.path.join(registry.root, "recipes", recipe.file_path), False
     elif registry is None and not recipe_name.endswith(".py"):
-        raise ConfigError("RECIPE", recipe_name, "a recipe file path (.py): torchtune, which names the built-in "
-                                                 "recipes, is not installed here (pip install torchtune)")
+        raise ConfigError(
+            "RECIPE",
+            recipe_name,
+            "a recipe file path (.py): torchtune, which names the built-in "
+            "recipes, is not installed here (pip install torchtune)",
+        )
     elif os.path.isabs(recipe_name):
         target, module = recipe_name, False
     else:
@@ -118,8 +130,12 @@ def resolve(words: list[str] | tuple[str, ...], registry: Registry | None, pytho
     if distributed is None:
         distributed = len(words) > len(line.program)  # any word before the recipe
     if distributed and recipe is not None and not recipe.supports_distributed:
-        raise ConfigError("RECIPE", recipe_name, "a recipe that supports distributed training, or no torchrun flags "
-                                                 "before it (tune then runs it as one process)")
+        raise ConfigError(
+            "RECIPE",
+            recipe_name,
+            "a recipe that supports distributed training, or no torchrun flags "
+            "before it (tune then runs it as one process)",
+        )
     program = (target, *recipe_args)
     resolved = TuneRun(recipe_name, target, module, recipe is not None, config, config_path, distributed)
     if not distributed:
@@ -130,7 +146,7 @@ def resolve(words: list[str] | tuple[str, ...], registry: Registry | None, pytho
         given = {dest: typed for dest, typed in line.given.items() if dest != "module"}
         flags = torchrun_args.render(given, list(given))
     else:
-        flags = words[:len(words) - len(line.program)]
+        flags = words[: len(words) - len(line.program)]
         flags = flags[:-1] if flags[-1:] == ["--"] else flags  # program_argv adds it back if needed
     flags += ["--module"] if module else []
     return replace(resolved, torchrun_args=(*flags, *torchrun_args.program_argv(program)))
@@ -139,7 +155,9 @@ def resolve(words: list[str] | tuple[str, ...], registry: Registry | None, pytho
 def _config_index(recipe_args: list[str]) -> int:
     """Where the config's name is: after the first ``--config`` word, as tune looks for it."""
     if "--config" not in recipe_args or recipe_args.index("--config") + 1 == len(recipe_args):
-        raise ConfigError("--config", None, f"a config name or path after the recipe: {USAGE} (tune ls lists the built-in ones)")
+        raise ConfigError(
+            "--config", None, f"a config name or path after the recipe: {USAGE} (tune ls lists the built-in ones)"
+        )
     return recipe_args.index("--config") + 1
 
 
@@ -158,14 +176,23 @@ def load_registry() -> Registry | None:
         loader_spec.loader.exec_module(module)
         recipes = module.get_all_recipes()
     except (OSError, ImportError, AttributeError) as error:
-        raise ConfigError("torchtune", package, f"a torchtune whose recipe registry ({source}) reads as a list of "
-                                                f"recipes ({type(error).__name__}: {error})") from None
-    return Registry(os.path.dirname(package), tuple(
-        Recipe(r.name, r.file_path, tuple((c.name, c.file_path) for c in r.configs), bool(r.supports_distributed))
-        for r in recipes))
+        raise ConfigError(
+            "torchtune",
+            package,
+            f"a torchtune whose recipe registry ({source}) reads as a list of "
+            f"recipes ({type(error).__name__}: {error})",
+        ) from None
+    return Registry(
+        os.path.dirname(package),
+        tuple(
+            Recipe(r.name, r.file_path, tuple((c.name, c.file_path) for c in r.configs), bool(r.supports_distributed))
+            for r in recipes
+        ),
+    )
 
 
 # --- the CLI's side (`trainer-launcher torch|plan|local --tune`): I/O from here on ---------------
+
 
 def resolve_here(words: list[str], distributed: bool | None = None) -> TuneRun:
     """:func:`resolve` with this machine's torchtune and interpreter."""
@@ -212,4 +239,3 @@ def local_words(overrides: dict, words: list[str]) -> list[str] | int:
         from launcher.core.report import refuse
 
         return refuse(overrides, error)
-

@@ -39,8 +39,8 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from launcher.core import log
 from launcher.core.outcome import Outcome
@@ -70,6 +70,7 @@ class BadRecord(ValueError):
 
 
 # --- what a record must be -------------------------------------------------------------------------
+
 
 def check_record(value: object, pods: range) -> dict:
     """``value`` as a stop record may be acted on: ``{"pod": an index in pods, "outcome": ...}``
@@ -113,7 +114,7 @@ def _span(pods: range) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_root_cause(root: object) -> bool:
@@ -121,8 +122,9 @@ def _is_root_cause(root: object) -> bool:
         return False
     texts = (root.get("node"), root.get("signal"))
     numbers = (root.get("rank"), root.get("localRank"), root.get("exitCode"))
-    return (all(text is None or isinstance(text, str) and len(text) <= 253 for text in texts)
-            and all(number is None or type(number) is int and -(2 ** 31) <= number < 2 ** 31 for number in numbers))
+    return all(text is None or (isinstance(text, str) and len(text) <= 253) for text in texts) and all(
+        number is None or (type(number) is int and -(2**31) <= number < 2**31) for number in numbers
+    )
 
 
 def _shallow(value: object, depth: int) -> bool:
@@ -137,8 +139,10 @@ def _shallow(value: object, depth: int) -> bool:
 
 # The controller's name for pod 0 (launcher/local/nodes.py emulates it): <trainjob>-node-0-0.<trainjob>,
 # perhaps with the cluster's domain after it.
-_POD_0 = re.compile(r"(?P<job>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)-node-0-0\.(?P=job)"
-                    r"(?P<domain>(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*)\.?")
+_POD_0 = re.compile(
+    r"(?P<job>[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)-node-0-0\.(?P=job)"
+    r"(?P<domain>(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*)\.?"
+)
 
 
 def pod_names(tracker_host: str, pods: int) -> tuple[str, ...] | None:
@@ -167,8 +171,11 @@ def peer_policy(tracker_host: str, pods: int) -> Peers:
         return Peers("names", names)
     lowered = host.lower().rstrip(".")
     address = _address(host)
-    if lowered == "localhost" or lowered.endswith(".localhost") or (
-            address is not None and ipaddress.ip_address(address).is_loopback):
+    if (
+        lowered == "localhost"
+        or lowered.endswith(".localhost")
+        or (address is not None and ipaddress.ip_address(address).is_loopback)
+    ):
         return Peers("loopback")
     return Peers("anyone")
 
@@ -198,8 +205,15 @@ class _Lookups:
     one lookup at a time, each ``refresh`` seconds after the last at least. ``completed`` counts
     the lookups whose result the loop has taken, in order."""
 
-    def __init__(self, names: tuple[str, ...], resolve: Resolve, refresh: float, watch: Watch, unwatch: Unwatch,
-                 on_done: Callable[[], None]):
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        resolve: Resolve,
+        refresh: float,
+        watch: Watch,
+        unwatch: Unwatch,
+        on_done: Callable[[], None],
+    ):
         self.addresses: dict[str, frozenset[int]] = {}
         self.completed = 0
         self._names, self._resolve, self._refresh = names, resolve, refresh
@@ -273,6 +287,7 @@ class _Lookups:
 
 # --- the wire --------------------------------------------------------------------------------------
 
+
 def _lines(buffer: bytearray, data: bytes) -> tuple[list[dict], list[str]]:
     """Append ``data``; pop and parse every complete line: the JSON objects, and a few words on
     each line dropped."""
@@ -280,7 +295,7 @@ def _lines(buffer: bytearray, data: bytes) -> tuple[list[dict], list[str]]:
     messages, problems = [], []
     while (end := buffer.find(b"\n")) != -1:
         line = bytes(buffer[:end])
-        del buffer[:end + 1]
+        del buffer[: end + 1]
         if not line.strip():
             continue
         try:
@@ -320,8 +335,18 @@ class _Client:
 class Board:
     """Pod 0's side: the listening socket and every other pod's connection."""
 
-    def __init__(self, port: int, ipv6: bool, watch: Watch, unwatch: Unwatch, on_record: Callable[[dict], None],
-                 pods: int, peers: Peers, resolve: Resolve = resolve_name, refresh: float = REFRESH):
+    def __init__(
+        self,
+        port: int,
+        ipv6: bool,
+        watch: Watch,
+        unwatch: Unwatch,
+        on_record: Callable[[dict], None],
+        pods: int,
+        peers: Peers,
+        resolve: Resolve = resolve_name,
+        refresh: float = REFRESH,
+    ):
         self.record: dict | None = None
         self.done = False
         self.dropped = 0  # lines, records and connections refused
@@ -340,8 +365,9 @@ class Board:
             self._server.close()
             raise
         self._server.setblocking(False)
-        self._lookups = (_Lookups(peers.names, resolve, refresh, watch, unwatch, self._on_lookup)
-                         if peers.kind == "names" else None)
+        self._lookups = (
+            _Lookups(peers.names, resolve, refresh, watch, unwatch, self._on_lookup) if peers.kind == "names" else None
+        )
         watch(self._server.fileno(), self._accept)
 
     @property
@@ -450,8 +476,11 @@ class Board:
             if self._lookups.completed <= asked:
                 self._pending.append((address, record, asked))  # came while this lookup ran: the next decides
             elif address not in addresses:
-                self._refuse(address, f"a record from an address that none of the job's pods' names "
-                                      f"({self._peers.names[0]}...) resolves to")
+                self._refuse(
+                    address,
+                    f"a record from an address that none of the job's pods' names "
+                    f"({self._peers.names[0]}...) resolves to",
+                )
             else:
                 self._consider(address, record)
 
@@ -460,8 +489,9 @@ class Board:
         if address in self._warned or len(self._warned) >= WARNED_LIMIT:
             return
         self._warned.add(address)
-        log.warning(f"xgboost: stop board: ignored what {address} sent: {problem} "
-                    "(said once per peer; the job goes on)")
+        log.warning(
+            f"xgboost: stop board: ignored what {address} sent: {problem} (said once per peer; the job goes on)"
+        )
 
     def _broadcast(self, message: dict, trusted_only: bool) -> None:
         for fd, client in list(self._clients.items()):
@@ -477,8 +507,16 @@ class Board:
 class BoardClient:
     """Every other pod's side: one connection to pod 0's board."""
 
-    def __init__(self, host: str, port: int, watch: Watch, unwatch: Unwatch,
-                 on_record: Callable[[dict], None], on_lost: Callable[[], None], pods: int):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        watch: Watch,
+        unwatch: Unwatch,
+        on_record: Callable[[dict], None],
+        on_lost: Callable[[], None],
+        pods: int,
+    ):
         self.record: dict | None = None
         self.done = False
         self._unwatch, self._on_record, self._on_lost = unwatch, on_record, on_lost
@@ -529,5 +567,6 @@ class BoardClient:
     def _refuse(self, problem: str) -> None:
         if not self._warned:
             self._warned = True
-            log.warning(f"xgboost: stop board at {self._where}: ignored what it sent: {problem} "
-                        "(said once; the job goes on)")
+            log.warning(
+                f"xgboost: stop board at {self._where}: ignored what it sent: {problem} (said once; the job goes on)"
+            )

@@ -75,8 +75,11 @@ def _listening() -> dict[int, tuple[int, int]] | None:
             continue  # the listing's own descriptor, or one closed meanwhile
         with probe:
             try:
-                if (probe.family in (socket.AF_INET, socket.AF_INET6) and probe.type == socket.SOCK_STREAM
-                        and probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                if (
+                    probe.family in (socket.AF_INET, socket.AF_INET6)
+                    and probe.type == socket.SOCK_STREAM
+                    and probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                ):
                     found[fd] = (probe.family, probe.getsockname()[1])
             except OSError:
                 continue
@@ -101,16 +104,21 @@ def tracker_on_port(tracker_class, n_workers: int, host: str, port: int, **kwarg
     after = _listening()
     if before is None or after is None:
         # No /proc: nothing to check or move. Right on 3.x; 2.1.x's workers then never join.
-        feature_off("moving the tracker onto DMLC_TRACKER_PORT", "this system has no /proc/self/fd to find its "
-                    "socket in (xgboost 2.1.x listens on a port of its own choosing)")
+        feature_off(
+            "moving the tracker onto DMLC_TRACKER_PORT",
+            "this system has no /proc/self/fd to find its "
+            "socket in (xgboost 2.1.x listens on a port of its own choosing)",
+        )
         return tracker
     new = {fd: found for fd, found in after.items() if before.get(fd) != found}
     if any(found_port == port for _, found_port in new.values()):
         return tracker  # xgboost 3.x: the port asked for
     if len(new) != 1:
-        raise RuntimeError(f"xgboost {xgboost_version()}'s RabitTracker does not listen on port {port} "
-                           f"(listening: {sorted(p for _, p in new.values()) or 'nowhere'}) and its socket cannot "
-                           "be told apart; use xgboost 3.0 or later")
+        raise RuntimeError(
+            f"xgboost {xgboost_version()}'s RabitTracker does not listen on port {port} "
+            f"(listening: {sorted(p for _, p in new.values()) or 'nowhere'}) and its socket cannot "
+            "be told apart; use xgboost 3.0 or later"
+        )
     ((fd, (family, _)),) = new.items()
     _move_listener(fd, family, host, port, max(n_workers, 128))
     return tracker
@@ -123,8 +131,9 @@ def _move_listener(fd: int, family: int, host: str, port: int, backlog: int) -> 
         replacement.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
             with socket.socket(fileno=os.dup(fd)) as old:
-                replacement.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY,
-                                       old.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY))
+                replacement.setsockopt(
+                    socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, old.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
+                )
         replacement.bind((host, port))
         replacement.listen(backlog)
         status_flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -155,16 +164,22 @@ def join_collective(collective, init, finalize):
     too; where it does not, that part is off and said once."""
     real = {name: getattr(collective, name, None) for name in ("init", "finalize")}
     if not all(callable(function) for function in real.values()):
-        feature_off("joining the program's own collective.init() and CommunicatorContext()",
-                    "xgboost.collective has no init()/finalize() to stand in for; the program's own set-up "
-                    "builds a collective of its own (LAUNCHER_XGBOOST_TRACKER=program runs the collective yourself)")
+        feature_off(
+            "joining the program's own collective.init() and CommunicatorContext()",
+            "xgboost.collective has no init()/finalize() to stand in for; the program's own set-up "
+            "builds a collective of its own (LAUNCHER_XGBOOST_TRACKER=program runs the collective yourself)",
+        )
         return lambda: None
     context = getattr(collective, "CommunicatorContext", None)
-    if not (_calls_through_module(getattr(context, "__enter__", None), collective, "init")
-            and _calls_through_module(getattr(context, "__exit__", None), collective, "finalize")):
-        feature_off("joining the program's own CommunicatorContext()",
-                    "its __enter__/__exit__ do not call collective.init()/finalize(); the program's context builds a "
-                    "collective of its own (LAUNCHER_XGBOOST_TRACKER=program runs the collective yourself)")
+    if not (
+        _calls_through_module(getattr(context, "__enter__", None), collective, "init")
+        and _calls_through_module(getattr(context, "__exit__", None), collective, "finalize")
+    ):
+        feature_off(
+            "joining the program's own CommunicatorContext()",
+            "its __enter__/__exit__ do not call collective.init()/finalize(); the program's context builds a "
+            "collective of its own (LAUNCHER_XGBOOST_TRACKER=program runs the collective yourself)",
+        )
     collective.init, collective.finalize = init, finalize
 
     def restore() -> None:
@@ -187,9 +202,11 @@ def stand_in_tracker(package, tracker_module, port: int, num_worker: int, worker
     except (TypeError, ValueError, AttributeError):
         signature = None
     if real is None or signature is None or not {"n_workers", "port"} <= set(signature.parameters):
-        feature_off("standing in for the program's RabitTracker on DMLC_TRACKER_PORT",
-                    "xgboost.tracker.RabitTracker(n_workers=, port=) is not there; a tracker the program starts "
-                    "binds that port itself (LAUNCHER_XGBOOST_TRACKER=program runs the tracker yourself)")
+        feature_off(
+            "standing in for the program's RabitTracker on DMLC_TRACKER_PORT",
+            "xgboost.tracker.RabitTracker(n_workers=, port=) is not there; a tracker the program starts "
+            "binds that port itself (LAUNCHER_XGBOOST_TRACKER=program runs the tracker yourself)",
+        )
         return lambda: None
 
     class JobTracker(real):
@@ -206,8 +223,10 @@ def stand_in_tracker(package, tracker_module, port: int, num_worker: int, worker
                 return
             n_workers = bound.arguments.get("n_workers")
             if not str(n_workers).strip().isdigit() or int(n_workers) != num_worker:
-                raise ValueError(f"RabitTracker(n_workers={n_workers!r}) on port {asked}: the launcher's tracker "
-                                 f"there expects DMLC_NUM_WORKER={num_worker} workers")
+                raise ValueError(
+                    f"RabitTracker(n_workers={n_workers!r}) on port {asked}: the launcher's tracker "
+                    f"there expects DMLC_NUM_WORKER={num_worker} workers"
+                )
 
         def start(self, *args, **kwargs) -> None:
             if not self._launchers:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from launcher import status
-from launcher.export.step import Export
 from launcher.core import lifecycle, python_argv
 from launcher.core.supervisor import Child
+from launcher.export.step import Export
 from launcher.xgboost import run as runner_module
 from launcher.xgboost import tracker as tracker_module
 from launcher.xgboost.stops import SERVE_STEP
@@ -63,8 +63,11 @@ def make_plan(xgboost_overrides: dict[str, Override], rest: list[str], require_p
     xgboost = load_xgboost(xgboost_overrides)
     if not rest:
         if require_program:
-            raise ConfigError("PROGRAM", None,
-                              "a program after the options: trainer-launcher xgboost [OPTIONS] -- python train.py [ARGS...]")
+            raise ConfigError(
+                "PROGRAM",
+                None,
+                "a program after the options: trainer-launcher xgboost [OPTIONS] -- python train.py [ARGS...]",
+            )
         rest = list(PLACEHOLDER)
     host_env = settings.load(HostEnv)
     host = probe_host(host_env)
@@ -78,12 +81,17 @@ def make_plan(xgboost_overrides: dict[str, Override], rest: list[str], require_p
         runner=RUNNER,
         tracker_script=TRACKER,
     )
-    sources = {name: source for name in XGBoostSettings.model_fields
-               if (source := settings.source_of(XGBoostSettings, name, xgboost_overrides))}
+    sources = {
+        name: source
+        for name in XGBoostSettings.model_fields
+        if (source := settings.source_of(XGBoostSettings, name, xgboost_overrides))
+    }
     return plan_xgboost(xgboost, facts, tuple(rest), sources)
 
 
-def run_xgboost(launcher_overrides: dict[str, Override], xgboost_overrides: dict[str, Override], rest: list[str]) -> int:
+def run_xgboost(
+    launcher_overrides: dict[str, Override], xgboost_overrides: dict[str, Override], rest: list[str]
+) -> int:
     return lifecycle.live(XGBoostPod(xgboost_overrides, rest), launcher_overrides, status.start_watch, Export())
 
 
@@ -91,8 +99,10 @@ def _summary(plan: XGBoostPlan) -> str:
     first, last = plan.workers[0].task_id, plan.workers[-1].task_id
     tasks = f"task {first}" if first == last else f"tasks {first}-{last}"
     where = "here" if plan.runs_tracker else f"by the {plan.tracker_by}"
-    return (f"xgboost: pod {plan.pod_index}, {plan.workers_per_pod} worker(s) ({tasks} of {plan.num_worker}); "
-            f"tracker {plan.tracker_host}:{plan.tracker_port} run {where}: {' '.join(plan.argv[:8])}")
+    return (
+        f"xgboost: pod {plan.pod_index}, {plan.workers_per_pod} worker(s) ({tasks} of {plan.num_worker}); "
+        f"tracker {plan.tracker_host}:{plan.tracker_port} run {where}: {' '.join(plan.argv[:8])}"
+    )
 
 
 @dataclass
@@ -111,9 +121,12 @@ class _Tracker:
         self.ready = False
         self.go = go
         said = life.listen(self._said, 64)
-        self.child = life.spawn("tracker", [*argv, "--ready-fd", str(said.child_fd)],
-                                pipes=tuple(p for p in (go, said) if p is not None),
-                                transform=lambda line: f"[tracker] {line}")
+        self.child = life.spawn(
+            "tracker",
+            [*argv, "--ready-fd", str(said.child_fd)],
+            pipes=tuple(p for p in (go, said) if p is not None),
+            transform=lambda line: f"[tracker] {line}",
+        )
         self._said_pipe = said
 
     def _said(self, data: bytes) -> None:
@@ -152,8 +165,14 @@ class XGBoostPod(lifecycle.Pod):
             go = life.go_pipe()
             self.early_tracker = _Tracker(life, [command.interpreter, TRACKER, "--go-fd", str(go.child_fd)], go)
         self.runner_go, self.joined_pipe = life.go_pipe(), life.listen(self._on_joined)
-        options = ["--go-fd", str(self.runner_go.child_fd), "--joined-fd", str(self.joined_pipe.child_fd),
-                   "--report", life.path("worker-early.json")]
+        options = [
+            "--go-fd",
+            str(self.runner_go.child_fd),
+            "--joined-fd",
+            str(self.joined_pipe.child_fd),
+            "--report",
+            life.path("worker-early.json"),
+        ]
         argv = [command.interpreter, *command.options, RUNNER, *options, *command.target_argv(), *command.args]
         self.early_runner = life.spawn("worker-0", argv, pipes=(self.runner_go,), keep=(self.joined_pipe,))
 
@@ -210,13 +229,24 @@ class XGBoostPod(lifecycle.Pod):
         if self.joined_pipe is None:
             self.joined_pipe = life.listen(self._on_joined)
         for spawned in rest:
-            options = ["--go-fd", str(go.child_fd), "--joined-fd", str(self.joined_pipe.child_fd),
-                       "--report", spawned.report_path]
+            options = [
+                "--go-fd",
+                str(go.child_fd),
+                "--joined-fd",
+                str(self.joined_pipe.child_fd),
+                "--report",
+                spawned.report_path,
+            ]
             self._spawn(life, spawned, options, (go, self.joined_pipe))
         go.handed()
 
-    def _spawn(self, life: lifecycle.Life, spawned: _Spawned, options: list[str],
-               keep: tuple[lifecycle.GoPipe | lifecycle.Listen, ...] = ()) -> None:
+    def _spawn(
+        self,
+        life: lifecycle.Life,
+        spawned: _Spawned,
+        options: list[str],
+        keep: tuple[lifecycle.GoPipe | lifecycle.Listen, ...] = (),
+    ) -> None:
         from launcher.core import settings
 
         worker, argv = spawned.worker, list(life.plan.argv)
@@ -224,9 +254,13 @@ class XGBoostPod(lifecycle.Pod):
             at = argv.index(RUNNER) + 1
             argv[at:at] = options
         transform = (lambda line, task=worker.task_id: f"[rank-{task}]: {line}") if len(self.workers) > 1 else None
-        spawned.child = life.spawn(f"worker-{worker.task_id}", argv,
-                                   {**settings.environ(), **worker.env_set, **life.runner_env()}, keep=keep,
-                                   transform=transform)
+        spawned.child = life.spawn(
+            f"worker-{worker.task_id}",
+            argv,
+            {**settings.environ(), **worker.env_set, **life.runner_env()},
+            keep=keep,
+            transform=transform,
+        )
 
     # --- waiting -------------------------------------------------------------------------------
 
@@ -240,16 +274,21 @@ class XGBoostPod(lifecycle.Pod):
             if plan.resolve:
                 netwait.wait_until_resolves(plan.resolve, deadline, supervisor.sleep, log.info)
             if plan.connect:
-                netwait.wait_until_accepts(*plan.connect, deadline,
-                                           lambda s: supervisor.sleep(min(s, KNOCK_INTERVAL)), log.info)
+                netwait.wait_until_accepts(
+                    *plan.connect, deadline, lambda s: supervisor.sleep(min(s, KNOCK_INTERVAL)), log.info
+                )
         except WaitTimeout as error:
-            raise WaitTimeout(f"the XGBoost tracker (DMLC_TRACKER_URI:DMLC_TRACKER_PORT, pod 0) never came up "
-                              f"within {life.launcher.rendezvous_timeout:g}s: {error}") from None
+            raise WaitTimeout(
+                f"the XGBoost tracker (DMLC_TRACKER_URI:DMLC_TRACKER_PORT, pod 0) never came up "
+                f"within {life.launcher.rendezvous_timeout:g}s: {error}"
+            ) from None
         if self.tracker is not None:
             while not self.tracker.ready:
                 if time.monotonic() >= deadline:
-                    raise WaitTimeout(f"the XGBoost tracker on {plan.node} did not listen on port "
-                                      f"{plan.tracker_port} within {life.launcher.rendezvous_timeout:g}s")
+                    raise WaitTimeout(
+                        f"the XGBoost tracker on {plan.node} did not listen on port "
+                        f"{plan.tracker_port} within {life.launcher.rendezvous_timeout:g}s"
+                    )
                 supervisor.sleep(max(0.0, deadline - time.monotonic()), until=lambda: self.tracker.ready)
 
     # --- going ---------------------------------------------------------------------------------
@@ -294,7 +333,8 @@ class XGBoostPod(lifecycle.Pod):
                     f"at {plan.tracker_host}:{plan.tracker_port} within "
                     f"{life.launcher.rendezvous_timeout:g}s: it waits for all DMLC_NUM_WORKER={plan.num_worker} "
                     "workers (a pod still pending, or pods that see different GPU counts?)",
-                    RootCause(node=plan.node))
+                    RootCause(node=plan.node),
+                )
                 supervisor.begin_teardown()
                 return
             supervisor.poll(min(0.5, max(0.0, deadline - time.monotonic())))
@@ -341,13 +381,22 @@ class XGBoostPod(lifecycle.Pod):
             return success()
         codes = life.launcher.retryable_exit_codes
         if any(tracker is not None and first is tracker.child for tracker in (self.tracker, self.early_tracker)):
-            outcome = classify(first.returncode, retryable_codes=codes, evidence=first.evidence,
-                               root_cause=RootCause(node=node), what=f"the XGBoost tracker on {node}")
+            outcome = classify(
+                first.returncode,
+                retryable_codes=codes,
+                evidence=first.evidence,
+                root_cause=RootCause(node=node),
+                what=f"the XGBoost tracker on {node}",
+            )
             return outcome.with_extra(**last_lines(first.tail))
         spawned = self._root_worker(first)
         if spawned is None:  # a runner the plan had sent away: it failed before its go word
-            early = classify(first.returncode, retryable_codes=codes, evidence=first.evidence,
-                             what=f"the XGBoost worker started early on {node}")
+            early = classify(
+                first.returncode,
+                retryable_codes=codes,
+                evidence=first.evidence,
+                what=f"the XGBoost worker started early on {node}",
+            )
             return early.with_extra(**last_lines(first.tail)).on_node(node)
         return self._worker_outcome(life, spawned)
 
@@ -357,8 +406,14 @@ class XGBoostPod(lifecycle.Pod):
         spawned = next((s for s in self.workers if s.child is first), None)
         if spawned is None or not _peer_lost(spawned):
             return spawned
-        own = [s for s in self.workers if s.child is not None and s.child.returncode not in (0, None)
-               and _read_report(s.report_path) is not None and not _peer_lost(s)]
+        own = [
+            s
+            for s in self.workers
+            if s.child is not None
+            and s.child.returncode not in (0, None)
+            and _read_report(s.report_path) is not None
+            and not _peer_lost(s)
+        ]
         return min(own, key=lambda s: s.child.exited_at) if own else spawned
 
     def _worker_outcome(self, life: lifecycle.Life, spawned: _Spawned) -> Outcome:
@@ -366,9 +421,13 @@ class XGBoostPod(lifecycle.Pod):
 
         child, worker, node = spawned.child, spawned.worker, life.node
         returncode = child.returncode
-        cause = RootCause(node=node, rank=worker.task_id, local_rank=worker.local_rank,
-                          exit_code=returncode if returncode > 0 else None,
-                          signal=signal_name(-returncode) if returncode < 0 else None)
+        cause = RootCause(
+            node=node,
+            rank=worker.task_id,
+            local_rank=worker.local_rank,
+            exit_code=returncode if returncode > 0 else None,
+            signal=signal_name(-returncode) if returncode < 0 else None,
+        )
         what = f"XGBoost worker (task {worker.task_id}) on {node}"
         report = _read_report(spawned.report_path) or {}
         if report.get("reason") == Reasons.LAUNCHER_ERROR and report.get("error"):
@@ -382,12 +441,20 @@ class XGBoostPod(lifecycle.Pod):
             # job's root cause: xgboost's own words ("Encountered EOF. The other end is likely
             # closed.") say the same thing, but not in the pattern's.
             said = report.get("error") or _peer_loss_line(child)
-            outcome = Outcome.of(Reasons.PEER_LOST,
-                                 f"{what} lost a peer: a worker on another pod failed or went away, or the tracker did",
-                                 cause, evidence=f"connection closed by peer: {said}"[:500])
+            outcome = Outcome.of(
+                Reasons.PEER_LOST,
+                f"{what} lost a peer: a worker on another pod failed or went away, or the tracker did",
+                cause,
+                evidence=f"connection closed by peer: {said}"[:500],
+            )
         else:
-            outcome = classify(returncode, retryable_codes=life.launcher.retryable_exit_codes,
-                               evidence=child.evidence, root_cause=cause, what=what)
+            outcome = classify(
+                returncode,
+                retryable_codes=life.launcher.retryable_exit_codes,
+                evidence=child.evidence,
+                root_cause=cause,
+                what=what,
+            )
         if report.get("error"):
             outcome = outcome.with_extra(error=report["error"])
         return outcome.with_extra(**last_lines(child.tail))
@@ -402,8 +469,10 @@ def _peer_lost(spawned: _Spawned) -> bool:
 
 
 def _peer_loss_line(child: Child) -> str:
-    return next((line.strip() for line in reversed(child.tail) if runner_module.PEER_LOSS.search(line)),
-                "the collective's connection failed")
+    return next(
+        (line.strip() for line in reversed(child.tail) if runner_module.PEER_LOSS.search(line)),
+        "the collective's connection failed",
+    )
 
 
 def _read_report(path: str) -> dict | None:

@@ -27,12 +27,14 @@ MAX_PER_POD = 64
 def node_env(job: Pods, index: int, per_pod: int, tracker_port: int, base: dict[str, str]) -> dict[str, str]:
     """What the controller injects into the ``node`` container of pod ``index``."""
     env = {k: v for k, v in job.base_env(index, base).items() if k not in CONTROLLER_VARIABLES}
-    env.update({
-        "DMLC_TRACKER_URI": job.address(0),
-        "DMLC_TRACKER_PORT": str(tracker_port),
-        "DMLC_TASK_ID": str(index),
-        "DMLC_NUM_WORKER": str(job.nnodes * per_pod),
-    })
+    env.update(
+        {
+            "DMLC_TRACKER_URI": job.address(0),
+            "DMLC_TRACKER_PORT": str(tracker_port),
+            "DMLC_TASK_ID": str(index),
+            "DMLC_NUM_WORKER": str(job.nnodes * per_pod),
+        }
+    )
     if per_pod > 1:  # the GPUs this emulation stands for
         env[XGBOOST_KNOBS["workers_per_pod"].env] = str(per_pod)
     return env
@@ -44,27 +46,41 @@ def tracker_port_for(master_port: str | None) -> int:
     return port(master_port, span=1 + board.PORT_OFFSET)
 
 
-def run_local(launcher_overrides: dict[str, Override], xgboost_overrides: dict[str, Override], rest: list[str],
-              nnodes: str, nproc_per_node: str, trainjob: str, master_port: str | None, isolation: str) -> int:
+def run_local(
+    launcher_overrides: dict[str, Override],
+    xgboost_overrides: dict[str, Override],
+    rest: list[str],
+    nnodes: str,
+    nproc_per_node: str,
+    trainjob: str,
+    master_port: str | None,
+    isolation: str,
+) -> int:
     def body(launcher: LauncherSettings) -> Outcome:
         job = pods(nnodes, trainjob, isolation)
         try:
             per_pod = settings.int_in(1, MAX_PER_POD, "a worker count")(nproc_per_node)
         except ValueError as error:
-            raise ConfigError("--nproc-per-node", nproc_per_node,
-                              f"{error}: the GPUs each emulated pod stands for (1: a CPU pod)") from None
+            raise ConfigError(
+                "--nproc-per-node", nproc_per_node, f"{error}: the GPUs each emulated pod stands for (1: a CPU pod)"
+            ) from None
         tracker_port = tracker_port_for(master_port)
         if not rest:
-            raise ConfigError("PROGRAM", None, "a program: trainer-launcher local --framework xgboost --nnodes N -- "
-                                               "python SCRIPT [ARGS...]")
+            raise ConfigError(
+                "PROGRAM",
+                None,
+                "a program: trainer-launcher local --framework xgboost --nnodes N -- python SCRIPT [ARGS...]",
+            )
         knobs = knob_args(launcher_overrides) + knob_args(xgboost_overrides)
 
         def pod_command(index: int) -> tuple[list[str], dict[str, str]]:
             argv = [sys.executable, "-m", "launcher", "xgboost", *knobs, "--", *rest]
             return argv, node_env(job, index, per_pod, tracker_port, settings.environ())
 
-        summary = (f"{job.nnodes} pods x {per_pod} XGBoost worker(s), tracker {job.address(0)}:{tracker_port} "
-                   "(DMLC_TRACKER_URI)")
+        summary = (
+            f"{job.nnodes} pods x {per_pod} XGBoost worker(s), tracker {job.address(0)}:{tracker_port} "
+            "(DMLC_TRACKER_URI)"
+        )
         return run_pods(job, launcher, summary, pod_command)
 
     return run_command(launcher_overrides, body)

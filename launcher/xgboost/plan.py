@@ -19,8 +19,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from launcher.core.outcome import ConfigError
 from launcher.core import python_argv
+from launcher.core.outcome import ConfigError
 
 if TYPE_CHECKING:  # pydantic stays out of the plan's imports
     from launcher.xgboost.settings import XGBoostSettings
@@ -111,19 +111,27 @@ def workers_per_pod(xgboost: XGBoostSettings, facts: XGBoostFacts, sources: dict
 
 def _tracker_choice(xgboost: XGBoostSettings, command: python_argv.PythonCommand | None) -> tuple[str, str]:
     if xgboost.tracker == "program":
-        return "program", ("LAUNCHER_XGBOOST_TRACKER=program: task 0 of the program starts the tracker, "
-                           "as upstream's examples do; the command runs as given")
+        return "program", (
+            "LAUNCHER_XGBOOST_TRACKER=program: task 0 of the program starts the tracker, "
+            "as upstream's examples do; the command runs as given"
+        )
     if xgboost.tracker == "launcher":
         why = "LAUNCHER_XGBOOST_TRACKER=launcher: a supervised process on pod 0"
         if command is None:
-            why += ("; the command is not `python ...`, so the program joins the collective itself, "
-                    "with the DMLC_* values, and must not start a tracker")
+            why += (
+                "; the command is not `python ...`, so the program joins the collective itself, "
+                "with the DMLC_* values, and must not start a tracker"
+            )
         return "launcher", why
     if command is None:
-        return "program", ("not a `python [OPTIONS] SCRIPT|-m MODULE|-c CODE` command: the program runs as given, "
-                           "and its task 0 starts the tracker, as upstream's examples do")
-    return "launcher", ("a supervised process on pod 0; each worker joins the collective before the program "
-                        "(launcher/xgboost/run.py), and the program's own tracker and CommunicatorContext join it")
+        return "program", (
+            "not a `python [OPTIONS] SCRIPT|-m MODULE|-c CODE` command: the program runs as given, "
+            "and its task 0 starts the tracker, as upstream's examples do"
+        )
+    return "launcher", (
+        "a supervised process on pod 0; each worker joins the collective before the program "
+        "(launcher/xgboost/run.py), and the program's own tracker and CommunicatorContext join it"
+    )
 
 
 def _bind_address(tracker_host: str) -> str:
@@ -142,17 +150,24 @@ def _gpu_of(local_rank: int, cuda_visible_devices: str | None) -> str:
     return str(local_rank)
 
 
-def plan_xgboost(xgboost: XGBoostSettings, facts: XGBoostFacts, program: tuple[str, ...],
-                 sources: dict[str, str]) -> XGBoostPlan:
+def plan_xgboost(
+    xgboost: XGBoostSettings, facts: XGBoostFacts, program: tuple[str, ...], sources: dict[str, str]
+) -> XGBoostPlan:
     per_pod, why = workers_per_pod(xgboost, facts, sources)
     if xgboost.num_worker % per_pod:
-        raise ConfigError(sources.get("num_worker", "DMLC_NUM_WORKER"), str(xgboost.num_worker),
-                          f"a multiple of the {per_pod} workers this pod runs ({why})")
+        raise ConfigError(
+            sources.get("num_worker", "DMLC_NUM_WORKER"),
+            str(xgboost.num_worker),
+            f"a multiple of the {per_pod} workers this pod runs ({why})",
+        )
     pods = xgboost.num_worker // per_pod
     if xgboost.task_id >= pods:
-        raise ConfigError(sources.get("task_id", "DMLC_TASK_ID"), str(xgboost.task_id),
-                          f"a pod index from 0 to {pods - 1}: DMLC_NUM_WORKER={xgboost.num_worker} is "
-                          f"{pods} pods x {per_pod} workers ({why})")
+        raise ConfigError(
+            sources.get("task_id", "DMLC_TASK_ID"),
+            str(xgboost.task_id),
+            f"a pod index from 0 to {pods - 1}: DMLC_NUM_WORKER={xgboost.num_worker} is "
+            f"{pods} pods x {per_pod} workers ({why})",
+        )
     command = python_argv.parse(program)
     tracker_by, tracker_why = _tracker_choice(xgboost, command)
     runner = tracker_by == "launcher" and command is not None
@@ -164,8 +179,16 @@ def plan_xgboost(xgboost: XGBoostSettings, facts: XGBoostFacts, program: tuple[s
     tracker_argv = None
     if tracker_by == "launcher" and xgboost.task_id == 0:
         python = command.interpreter if command is not None else facts.python
-        tracker_argv = (python, facts.tracker_script, "--workers", str(xgboost.num_worker),
-                        "--port", str(xgboost.tracker_port), "--host", _bind_address(tracker_host))
+        tracker_argv = (
+            python,
+            facts.tracker_script,
+            "--workers",
+            str(xgboost.num_worker),
+            "--port",
+            str(xgboost.tracker_port),
+            "--host",
+            _bind_address(tracker_host),
+        )
     pin_gpus = facts.gpu_count > 0 and per_pod == facts.gpu_count and per_pod > 1
     workers = []
     for local_rank in range(per_pod):

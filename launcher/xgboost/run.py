@@ -58,7 +58,9 @@ _TIME_STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\]\s*")
 # The runner every framework shares (launcher/runner/program.py), loaded by path: it runs the program
 # exactly as python would, and loads the launcher's other stdlib-only files the same way.
 _spec = importlib.util.spec_from_file_location(
-    "_trainer_launcher_program", os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"))
+    "_trainer_launcher_program",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"),
+)
 program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(program)
 
@@ -74,9 +76,11 @@ reasons = program.core("reasons")
 UNSUPPORTED = reasons.Reasons.UNSUPPORTED_VERSION
 # What xgboost's collective says when the other end of a connection went away: a worker that died
 # (or was torn down) elsewhere, or the tracker; beside the words every library's transport says.
-PEER_LOSS = re.compile(rf"{reasons.PEER_LOSS_WORDS}|The other end is likely closed|"
-                       r"Ring (?:Allreduce|scatter reduce|allgather) failed|Failed to connect to the tracker|"
-                       r"Broken pipe|Socket closed")
+PEER_LOSS = re.compile(
+    rf"{reasons.PEER_LOSS_WORDS}|The other end is likely closed|"
+    r"Ring (?:Allreduce|scatter reduce|allgather) failed|Failed to connect to the tracker|"
+    r"Broken pipe|Socket closed"
+)
 
 
 def _say(message: str) -> None:
@@ -151,8 +155,13 @@ class WorkerEnv:
         self.tracker_uri = environ.get("DMLC_TRACKER_URI") or "127.0.0.1"
         self.tracker_port = self._int(environ, "DMLC_TRACKER_PORT", 1, 65535, "a port from 1 to 65535")
         self.num_worker = self._int(environ, "DMLC_NUM_WORKER", 1, None, "a worker count, 1 or more")
-        self.task_id = self._int(environ, "DMLC_TASK_ID", 0, self.num_worker - 1,
-                                 f"a task id from 0 to {self.num_worker - 1} (DMLC_NUM_WORKER={self.num_worker})")
+        self.task_id = self._int(
+            environ,
+            "DMLC_TASK_ID",
+            0,
+            self.num_worker - 1,
+            f"a task id from 0 to {self.num_worker - 1} (DMLC_NUM_WORKER={self.num_worker})",
+        )
 
     @staticmethod
     def _int(environ: dict[str, str], name: str, low: int, high: int | None, expected: str) -> int:
@@ -169,8 +178,11 @@ class WorkerEnv:
         return str(self.task_id).zfill(len(str(self.num_worker - 1)))
 
     def args(self) -> dict:
-        return {"dmlc_tracker_uri": self.tracker_uri, "dmlc_tracker_port": self.tracker_port,
-                "dmlc_task_id": self.padded_task_id}
+        return {
+            "dmlc_tracker_uri": self.tracker_uri,
+            "dmlc_tracker_port": self.tracker_port,
+            "dmlc_task_id": self.padded_task_id,
+        }
 
 
 def _same(key: str, given, ours) -> bool:
@@ -193,9 +205,12 @@ class JoinedCollective:
         self._restore: list = []
 
     def install(self) -> None:
-        self._restore = [compat.join_collective(self.collective, self.init, self.finalize),
-                         compat.stand_in_tracker(self.package, self.tracker_module, self.worker.tracker_port,
-                                                 self.worker.num_worker, self.worker.args)]
+        self._restore = [
+            compat.join_collective(self.collective, self.init, self.finalize),
+            compat.stand_in_tracker(
+                self.package, self.tracker_module, self.worker.tracker_port, self.worker.num_worker, self.worker.args
+            ),
+        ]
 
     def uninstall(self) -> None:
         for restore in reversed(self._restore):
@@ -204,8 +219,11 @@ class JoinedCollective:
 
     def init(self, **args) -> None:
         ours = self.worker.args()
-        conflicts = [f"{key}={args[key]!r}" for key in self._CHECKED
-                     if args.get(key) is not None and not _same(key, args[key], ours[key])]
+        conflicts = [
+            f"{key}={args[key]!r}"
+            for key in self._CHECKED
+            if args.get(key) is not None and not _same(key, args[key], ours[key])
+        ]
         if args.get("dmlc_communicator") not in (None, "rabit"):
             conflicts.append(f"dmlc_communicator={args['dmlc_communicator']!r}")
         if conflicts:
@@ -213,12 +231,15 @@ class JoinedCollective:
                 f"trainer-launcher joined this worker to the tracker {self.worker.tracker_uri}:"
                 f"{self.worker.tracker_port} as task {self.worker.task_id} before the program started; "
                 f"the program asks for {', '.join(conflicts)}. Pass the DMLC_* values (or nothing), or set "
-                "LAUNCHER_XGBOOST_TRACKER=program to run the collective yourself")
+                "LAUNCHER_XGBOOST_TRACKER=program to run the collective yourself"
+            )
         for key in self._NOT_APPLIED:
             if args.get(key) is not None and key not in self.warned:
                 self.warned.add(key)
-                _say(f"{key}={args[key]!r} is not applied: the worker joined the collective before the "
-                     "program (LAUNCHER_XGBOOST_TRACKER=program runs the collective yourself)")
+                _say(
+                    f"{key}={args[key]!r} is not applied: the worker joined the collective before the "
+                    "program (LAUNCHER_XGBOOST_TRACKER=program runs the collective yourself)"
+                )
 
     def finalize(self) -> None:
         """The runner finalizes once the program is done."""
@@ -267,8 +288,9 @@ def tell_joined(fd: int | None, task_id: int) -> None:
     os.close(fd)
 
 
-def report(path: str | None, status: int, error: str | None, peer_lost: bool, task_id: int,
-           reason: str | None = None) -> None:
+def report(
+    path: str | None, status: int, error: str | None, peer_lost: bool, task_id: int, reason: str | None = None
+) -> None:
     if not path:
         return
     record = {"taskId": task_id, "exitCode": status, "error": error, "peerLost": peer_lost}
@@ -304,8 +326,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         collective.CommunicatorContext(**worker.args()).__enter__()
     except Exception as error:  # noqa: BLE001 - XGBoostError, or a refused address
-        _say(f"task {worker.task_id} could not join the tracker at {worker.tracker_uri}:{worker.tracker_port}: "
-             f"{error_line(error)}")
+        _say(
+            f"task {worker.task_id} could not join the tracker at {worker.tracker_uri}:{worker.tracker_port}: "
+            f"{error_line(error)}"
+        )
         report(report_path, JOIN_FAILED, f"could not join the tracker: {error_line(error)}", True, worker.task_id)
         program.leave(JOIN_FAILED)
     tell_joined(joined_fd, worker.task_id)
@@ -320,8 +344,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         collective.finalize()
     except Exception as error:  # noqa: BLE001 - the program's work is done; say it and succeed
-        _say(f"task {worker.task_id}: the collective's shutdown failed after the program succeeded: "
-             f"{error_line(error)}")
+        _say(
+            f"task {worker.task_id}: the collective's shutdown failed after the program succeeded: {error_line(error)}"
+        )
     sys.exit(0)
 
 
@@ -332,8 +357,14 @@ def crashed(error: BaseException) -> None:
 
     traceback.print_exception(error)
     where = crash.crash_site(error)
-    report(parse_options(sys.argv[1:])[0].get("--report"), crash.INTERNAL_ERROR,
-           crash.describe(error) + (f" at {where}" if where else ""), False, -1, reason=crash.REASON)
+    report(
+        parse_options(sys.argv[1:])[0].get("--report"),
+        crash.INTERNAL_ERROR,
+        crash.describe(error) + (f" at {where}" if where else ""),
+        False,
+        -1,
+        reason=crash.REASON,
+    )
     program.leave(crash.INTERNAL_ERROR)
 
 

@@ -50,17 +50,23 @@ class XGBoostSettings(Settings):
     """Trainer's DMLC_* variables and the XGBoost role's own knobs."""
 
     tracker_uri: Annotated[str | None, NoDecode, parsed(parse_tracker_host)] = field(
-        "DMLC_TRACKER_URI", None, "the pod that runs the RabitTracker (pod 0)")
+        "DMLC_TRACKER_URI", None, "the pod that runs the RabitTracker (pod 0)"
+    )
     tracker_port: Annotated[int, NoDecode, parsed(int_in(1, 65535, "a port"))] = field(
-        "DMLC_TRACKER_PORT", 29500, "the tracker's port")
+        "DMLC_TRACKER_PORT", 29500, "the tracker's port"
+    )
     task_id: Annotated[int, NoDecode, parsed(int_in(0, MAX_WORKERS - 1, "a pod index"))] = field(
-        ("DMLC_TASK_ID", "JOB_COMPLETION_INDEX"), 0, "this pod's index (Trainer: the Job completion index)")
+        ("DMLC_TASK_ID", "JOB_COMPLETION_INDEX"), 0, "this pod's index (Trainer: the Job completion index)"
+    )
     num_worker: Annotated[int, NoDecode, parsed(int_in(1, MAX_WORKERS, "a worker count"))] = field(
-        "DMLC_NUM_WORKER", 1, "XGBoost workers in the job: numNodes x (GPUs per node, or 1)")
+        "DMLC_NUM_WORKER", 1, "XGBoost workers in the job: numNodes x (GPUs per node, or 1)"
+    )
     tracker: Annotated[str, NoDecode, parsed(parse_choice("auto", "launcher", "program"))] = _xgboost_knob(
-        "tracker", "auto")
+        "tracker", "auto"
+    )
     workers_per_pod: Annotated[str | int, NoDecode, parsed(parse_workers_per_pod)] = _xgboost_knob(
-        "workers_per_pod", "auto")
+        "workers_per_pod", "auto"
+    )
 
 
 def load_xgboost(overrides: dict[str, Override] | None = None) -> XGBoostSettings:
@@ -68,10 +74,16 @@ def load_xgboost(overrides: dict[str, Override] | None = None) -> XGBoostSetting
     xgboost = settings.load(XGBoostSettings, overrides)
     if xgboost.task_id >= xgboost.num_worker:
         source = settings.source_of(XGBoostSettings, "task_id", overrides) or "DMLC_TASK_ID"
-        raise ConfigError(source, settings.raw_value(XGBoostSettings, "task_id", overrides),
-                          f"a pod index from 0 to {xgboost.num_worker - 1} (DMLC_NUM_WORKER={xgboost.num_worker})")
+        raise ConfigError(
+            source,
+            settings.raw_value(XGBoostSettings, "task_id", overrides),
+            f"a pod index from 0 to {xgboost.num_worker - 1} (DMLC_NUM_WORKER={xgboost.num_worker})",
+        )
     if xgboost.num_worker > 1 and xgboost.tracker_uri is None:
-        raise ConfigError("DMLC_TRACKER_URI", None,
-                          f"the tracker's DNS name when DMLC_NUM_WORKER={xgboost.num_worker} "
-                          "(Trainer sets <trainjob>-node-0-0.<trainjob>)")
+        raise ConfigError(
+            "DMLC_TRACKER_URI",
+            None,
+            f"the tracker's DNS name when DMLC_NUM_WORKER={xgboost.num_worker} "
+            "(Trainer sets <trainjob>-node-0-0.<trainjob>)",
+        )
     return xgboost

@@ -5,8 +5,9 @@ every other pod stops its workers and reports that outcome, naming the same work
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from launcher.xgboost import board as board_module
 
@@ -43,16 +44,27 @@ class Stops:
             return
         peers = board_module.peer_policy(self.plan.tracker_host, self.plan.pods)
         try:
-            self.board = board_module.Board(self.port, ":" in self.plan.tracker_host, self.supervisor.watch,
-                                            self.supervisor.unwatch, self._on_record, self.plan.pods, peers)
+            self.board = board_module.Board(
+                self.port,
+                ":" in self.plan.tracker_host,
+                self.supervisor.watch,
+                self.supervisor.unwatch,
+                self._on_record,
+                self.plan.pods,
+                peers,
+            )
         except (OSError, OverflowError) as error:
-            log.warning(f"xgboost: no stop board on port {self.port} ({getattr(error, 'strerror', None) or error}): "
-                        "a failure elsewhere reaches this pod only through xgboost's own collective")
+            log.warning(
+                f"xgboost: no stop board on port {self.port} ({getattr(error, 'strerror', None) or error}): "
+                "a failure elsewhere reaches this pod only through xgboost's own collective"
+            )
             return
         if peers.kind == "anyone":
-            log.warning(f"xgboost: DMLC_TRACKER_URI={self.plan.tracker_host} is not the controller's "
-                        "<trainjob>-node-0-0.<trainjob>, so the stop board cannot tell the pods' addresses from "
-                        f"others': it takes a well-formed stop record from any peer that reaches port {self.port}")
+            log.warning(
+                f"xgboost: DMLC_TRACKER_URI={self.plan.tracker_host} is not the controller's "
+                "<trainjob>-node-0-0.<trainjob>, so the stop board cannot tell the pods' addresses from "
+                f"others': it takes a well-formed stop record from any peer that reaches port {self.port}"
+            )
 
     def join(self) -> None:
         """Every other pod, once pod 0's tracker is up: a client of its board."""
@@ -61,13 +73,21 @@ class Stops:
         if self.plan.pod_index == 0:
             return
         try:
-            self.client = board_module.BoardClient(self.plan.tracker_host, self.port, self.supervisor.watch,
-                                                   self.supervisor.unwatch, self._on_record, self._on_lost,
-                                                   self.plan.pods)
+            self.client = board_module.BoardClient(
+                self.plan.tracker_host,
+                self.port,
+                self.supervisor.watch,
+                self.supervisor.unwatch,
+                self._on_record,
+                self._on_lost,
+                self.plan.pods,
+            )
         except (OSError, OverflowError) as error:
-            log.warning(f"xgboost: pod 0's stop board at {self.plan.tracker_host}:{self.port} is out of reach "
-                        f"({getattr(error, 'strerror', None) or error}): a failure elsewhere reaches this pod "
-                        "only through xgboost's own collective")
+            log.warning(
+                f"xgboost: pod 0's stop board at {self.plan.tracker_host}:{self.port} is out of reach "
+                f"({getattr(error, 'strerror', None) or error}): a failure elsewhere reaches this pod "
+                "only through xgboost's own collective"
+            )
 
     def close(self) -> None:
         for side in (self.board, self.client):
@@ -118,9 +138,12 @@ class Stops:
             root = Outcome.from_json(self.adopted["outcome"])
             return stopped_by(replace(root, message=f"{root.message} (reported by pod {self.adopted['pod']})"), node)
         if self.pod_0_lost:
-            return Outcome.of(Reasons.PEER_LOST,
-                              f"pod 0 ({self.plan.tracker_host}), which runs the XGBoost tracker, went away without a "
-                              f"word while {node}'s workers ran; {node} stopped them", RootCause(node=node))
+            return Outcome.of(
+                Reasons.PEER_LOST,
+                f"pod 0 ({self.plan.tracker_host}), which runs the XGBoost tracker, went away without a "
+                f"word while {node}'s workers ran; {node} stopped them",
+                RootCause(node=node),
+            )
         return own
 
     def _serve_for(self, seconds: float, done: Callable[[], bool]) -> None:

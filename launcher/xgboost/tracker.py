@@ -30,7 +30,7 @@ import os
 import re
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 # The first line of xgboost's warning for a connection that closed before its handshake; the
 # lines after it that start with "- [" are its causes.
@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int)
     parser.add_argument("--port", type=int)
     parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--go-fd", type=int, help="take --workers/--port/--host from the launcher's go word on this pipe")
+    parser.add_argument(
+        "--go-fd", type=int, help="take --workers/--port/--host from the launcher's go word on this pipe"
+    )
     parser.add_argument("--ready-fd", type=int, help="say `ready` on this pipe once listening")
     args = parser.parse_args(argv)
     if args.go_fd is None and (args.workers is None or args.port is None):

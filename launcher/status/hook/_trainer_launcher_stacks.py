@@ -25,7 +25,7 @@ def _start_time():
     the launcher that a pid still names this process and was not reused."""
     with open("/proc/self/stat", "rb") as handle:
         stat = handle.read()
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
 def _first(*names):
@@ -63,8 +63,9 @@ def register():
         import socket
 
         state = {"pid": pid}
-        thread = threading.Thread(target=_answer_board, args=(board, fields, state, json, socket),
-                                  name="trainer-launcher-stacks")
+        thread = threading.Thread(
+            target=_answer_board, args=(board, fields, state, json, socket), name="trainer-launcher-stacks"
+        )
         thread.daemon = True
         thread.start()
         atexit.register(_stop_answering, thread, state, socket)
@@ -116,8 +117,7 @@ def _answer_board(board, fields, state, json, socket):
             connection.close()
             return
         connection.settimeout(None)
-        hello = {"token": token, "pid": fields["pid"], "host": socket.gethostname(),
-                 "main": int(fields["main"], 16)}
+        hello = {"token": token, "pid": fields["pid"], "host": socket.gethostname(), "main": int(fields["main"], 16)}
         for name, key in (("rank", "rank"), ("local_rank", "localRank")):
             if fields[name]:
                 hello[key] = int(fields[name])

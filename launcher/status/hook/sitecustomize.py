@@ -13,6 +13,7 @@ one), as if this directory were not on the path.
 
 import os
 import sys
+import contextlib
 
 
 def _chain():
@@ -37,10 +38,8 @@ def _chain():
 
 def _note(text):
     """The chained module's own failure, said the way site.py says it (to stderr, once)."""
-    try:
+    with contextlib.suppress(Exception):
         sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n%s\n" % text)
-    except Exception:
-        pass
 
 
 try:
