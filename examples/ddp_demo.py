@@ -5,6 +5,7 @@ Run it the way a TrainJob would: ``trainer-launcher local --nnodes 2 --nproc-per
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -46,3 +47,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # The process ends here, its output flushed, without the interpreter's shutdown. DDP keeps the
+    # gloo process group's worker threads running past destroy_process_group(), and a worker still
+    # retiring the last collective as the interpreter shuts down takes the GIL there and aborts the
+    # whole process (SIGABRT, after the training is done: seen under load here; torch issue 117762).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
