@@ -3,9 +3,23 @@ per session (see tests/containers.py for what stands in for a cluster)."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 import containers
+from conftest import REPO
+from launcher import __version__
+
+# What the release workflow passes the torch image (.github/workflows/release.yml), so its OCI
+# labels are tested as a release builds them; the other images keep the Dockerfiles' defaults.
+RELEASE_ARGS = {"VERSION": __version__, "SOURCE": "https://example.invalid/trainer-launcher"}
+
+
+def revision() -> str:
+    """The checkout's commit, as a release passes it; "unknown" outside a git checkout."""
+    result = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 MPIS = ("openmpi", "intel", "mpich")
 
@@ -35,6 +49,7 @@ def torch_image(engine) -> str:
         "BASE_IMAGE": containers.BASE,
         # The real base carries torch; this one gets the local CPU wheel.
         "TORCH": f"--find-links={wheels} torch==2.13.0",
+        **RELEASE_ARGS, "REVISION": revision(),
     }, volumes=[f"{wheels}:{wheels}:ro"])
     return tag
 

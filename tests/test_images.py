@@ -20,6 +20,7 @@ import yaml
 from launcher import __version__
 import containers
 from conftest import REPO
+from image_fixtures import RELEASE_ARGS, revision
 
 PROGRAMS = f"{REPO / 'tests' / 'programs'}:/programs:ro"
 TJ = "tj"
@@ -49,6 +50,27 @@ def test_image_scripts_pass_shellcheck():
 # ---------------------------------------------------------------------------------------------
 # the torch image
 # ---------------------------------------------------------------------------------------------
+
+def labels(engine, image: str) -> dict[str, str]:
+    return json.loads(engine.podman("image", "inspect", "--format", "{{json .Labels}}", image).stdout)
+
+
+OCI = "org.opencontainers.image."
+
+
+def test_the_torch_image_built_as_a_release_carries_oci_labels_naming_it(engine, torch_image):
+    """`podman image inspect` (what a registry and a scanner read): the torch image built with the
+    release workflow's arguments carries the launcher's version, this commit and the source URL."""
+    found = labels(engine, torch_image)
+    assert found[OCI + "version"] == __version__
+    assert found[OCI + "revision"] == revision() != "unknown"
+    assert found[OCI + "source"] == RELEASE_ARGS["SOURCE"]
+    assert (found[OCI + "title"], found[OCI + "licenses"]) == ("trainer-launcher-torch", "Apache-2.0")
+
+
+def test_a_plain_build_of_the_mpi_image_says_dev(engine, mpi_image):
+    found = labels(engine, mpi_image[1])
+    assert (found[OCI + "title"], found[OCI + "version"], found[OCI + "revision"]) == ("trainer-launcher-mpi", "dev", "unknown")
 
 def trainer_env(nnodes: int, nproc: int, rank: int) -> list[str]:
     """What the torch policy injects into the `node` container."""

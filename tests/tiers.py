@@ -25,7 +25,7 @@ UNIT = frozenset({
     "test_smoke_checks", "test_smoke_skus", "test_torch_plan",
 })
 SYSTEM = frozenset({
-    "test_images", "test_image_trixie", "test_sdk", "test_mpi_framework_images", "test_mpi",
+    "test_images", "test_image_trixie", "test_release", "test_sdk", "test_mpi_framework_images", "test_mpi",
     "test_matrix_accelerate", "test_matrix_torch", "test_matrix_jax", "test_matrix_xgboost", "test_matrix_mpi",
 })
 TIERS = ("unit", "integration", "system")
