@@ -19,11 +19,14 @@ import sys
 import tomllib
 
 with open(sys.argv[1], "rb") as handle:
-    project = tomllib.load(handle)["project"]
+    pyproject = tomllib.load(handle)
+project, build = pyproject["project"], pyproject["build-system"]["requires"]
 wanted = list(project.get("dependencies", ()))
 for extra in filter(None, sys.argv[2].split(",")):
     wanted += project["optional-dependencies"][extra]
-print("\n".join(wanted))
+# The build backend too (and wheel, for a base whose older setuptools it satisfies):
+# install-launcher.sh then builds the package without an isolated environment of its own.
+print("\n".join([*wanted, *build, "wheel"]))
 PY
 "$PREFIX/venv/bin/pip" install --no-cache-dir --disable-pip-version-check -r "$requirements" "$@"
 rm -f "$requirements"

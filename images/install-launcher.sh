@@ -21,8 +21,10 @@ APP_UID=${APP_UID:-1000}
 # The environment is there already where install-deps.sh made it: its layer holds every dependency
 # and requirement, so only the package itself is installed here (no second resolution of torch,
 # jax, ...: seconds for each image whenever the code changes). Without it, everything is.
+# install-deps.sh put the build backend there too, so pip builds in the venv itself rather than
+# fetching setuptools into an isolated environment for every image (3.3 s -> 1.3 s an image).
 if [ -x "$PREFIX/venv/bin/python" ]; then
-  "$PREFIX/venv/bin/pip" install --no-cache-dir --disable-pip-version-check --no-deps "$src"
+  "$PREFIX/venv/bin/pip" install --no-cache-dir --disable-pip-version-check --no-deps --no-build-isolation "$src"
 else
   "$PYTHON" -m venv --system-site-packages "$PREFIX/venv"
   "$PREFIX/venv/bin/pip" install --no-cache-dir --disable-pip-version-check "$@" "${src}[${extras}]"
