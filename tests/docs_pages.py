@@ -417,7 +417,8 @@ def _helps(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 def _option(action: argparse.Action) -> str:
     if not action.option_strings:
-        return "`{" + ",".join(action.choices) + "}`" if action.choices else f"`{action.metavar or action.dest.upper()}`"
+        shown = "{" + ",".join(action.choices) + "}" if action.choices else action.metavar or action.dest.upper()
+        return f"`{shown}`"
     names = ", ".join(action.option_strings)
     if action.nargs == 0:
         return f"`{names}`"
