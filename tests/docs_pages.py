@@ -328,9 +328,11 @@ def _default(info) -> str:
             return "`" + ":".join(str(v) for v in dict.fromkeys(value)) + "`"
         return "`" + ",".join(str(v) for v in value) + "`"
     text = str(value)
-    home = os.path.expanduser("~")
-    if home not in ("", "/") and (text == home or text.startswith(home + "/")):
+    home = os.path.expanduser("~").rstrip("/")  # a default under it (~/.ssh) is shown as ~, whoever runs this
+    if home and (text == home or text.startswith(home + "/")):
         text = "~" + text[len(home) :]
+    elif not home and text.startswith("/."):  # HOME=/: ~/.ssh is /.ssh
+        text = "~" + text
     return f"`{text}`"
 
 
@@ -356,7 +358,7 @@ def knobs_page() -> str:
         GENERATED,
         "# Knobs",
         "",
-        "Every variable the launcher reads, from its settings contracts (the `Settings` classes of",
+        "Every variable of the launcher's settings contracts (the `Settings` classes of",
         "`launcher/**/settings.py`), with the flag that overrides it where there is one, and the commands",
         "that take that flag ([command line](cli.md)). A flag wins over its variable. An empty variable",
         "counts as unset, as the controller means it. Where a row names several variables, the first one",
