@@ -1,7 +1,8 @@
 """``accelerate launch`` lines on one pod of a TrainJob of 2 nodes x 2 CPU processes: what Accelerate
 alone would start there, and what ``trainer-launcher torch --accelerate`` runs.
 
-    python -m tests.accelerate_table     the README's table (each line read by the real accelerate)
+    python -m tests.accelerate_table     the table in docs/frameworks/accelerate.md (each line read by
+                                         the real accelerate)
 
 The world each side gets is read from ``plan`` (ours) and from Accelerate's own reading of the
 line (alone: it reads no PET_*). tests/test_accelerate.py checks every row.

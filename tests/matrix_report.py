@@ -1,13 +1,15 @@
-"""The README's compatibility table, generated: run the matrix, then write what it found.
+"""The compatibility page's tables (docs/compatibility.md), generated: run the matrix, then write what
+it found.
 
     python -m tests.matrix_report                 run every matrix test, print the tables
-    python -m tests.matrix_report --write README.md
-                                                  ... and replace the README's generated section
+    python -m tests.matrix_report --write docs/compatibility.md
+                                                  ... and replace the page's generated sections
     python -m tests.matrix_report --from FILE.xml render an earlier run's junit XML instead
 
 The matrix tests (``pytest -m matrix``) are named ``test_<scenario>[<framework>-<version>]``; a
 table has a row per version and a column per scenario. The supported ranges above the results
-come from launcher/core/versions.py, the one place they are kept.
+come from launcher/core/versions.py, the one place they are kept; README.md shows them too, and
+``python -m tests.docs_pages --write`` writes them there and here without running the matrix.
 """
 
 from __future__ import annotations
@@ -81,9 +83,9 @@ def render(found: dict, seconds: float, command: str) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def replace_section(text: str, begin: str, end: str, body: str) -> str:
+def replace_section(text: str, begin: str, end: str, body: str, name: str = "the page") -> str:
     if begin not in text or end not in text:
-        raise SystemExit(f"the README has no section between {begin!r} and {end!r}")
+        raise SystemExit(f"{name} has no section between {begin!r} and {end!r}")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{begin}\n{body.rstrip()}\n{end}{tail}"
@@ -91,7 +93,8 @@ def replace_section(text: str, begin: str, end: str, body: str) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.matrix_report")
-    parser.add_argument("--write", metavar="README", help="replace the generated sections of this file")
+    parser.add_argument("--write", metavar="PAGE", help="replace the generated sections of this page "
+                        "(docs/compatibility.md)")
     parser.add_argument("--from", dest="junit", metavar="XML", help="render this junit XML instead of running")
     args = parser.parse_args(argv)
     command = "python -m tests.matrix_report" + (f" --write {args.write}" if args.write else "")
@@ -107,8 +110,8 @@ def main(argv: list[str]) -> int:
     print(policy_table(), "", table, sep="\n")
     if args.write:
         path = Path(args.write)
-        text = replace_section(path.read_text(), POLICY_BEGIN, POLICY_END, policy_table())
-        path.write_text(replace_section(text, BEGIN, END, table))
+        text = replace_section(path.read_text(), POLICY_BEGIN, POLICY_END, policy_table(), args.write)
+        path.write_text(replace_section(text, BEGIN, END, table, args.write))
     failed = any(state == "failed" for f in found.values() for v in f.values() for state in v.values())
     return 1 if failed else 0
 

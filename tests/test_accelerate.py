@@ -76,7 +76,8 @@ def read_here_in_process():
 
 @pytest.mark.parametrize("line, world", accelerate_table.LINES, ids=[line for line, _ in accelerate_table.LINES])
 def test_the_comparison_table_row(line, world, read_here_in_process):
-    """Each row of the README's table (generated through `plan` by python -m tests.accelerate_table):
+    """Each row of the table in docs/frameworks/accelerate.md (generated through `plan` by
+    python -m tests.accelerate_table):
     the world we run under Trainer's env, the user's setting where there is one, PET_* elsewhere;
     Accelerate alone never forms that world on a CPU pod."""
     reading = Reading.from_json(read_here_in_process(line.split(), say=lambda _: None))

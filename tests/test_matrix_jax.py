@@ -3,8 +3,8 @@
 
 Each runs ``<that interpreter> -m launcher local --framework jax --nnodes 2 -- <that interpreter> ...``
 with the checkout on PYTHONPATH: the launcher, its runner and the program all run on that jax, on
-CPU, a real ``jax.distributed`` job of two processes. The README's table is read from the test
-ids, ``test_<scenario>[jax-<version>]``.
+CPU, a real ``jax.distributed`` job of two processes. The table in docs/compatibility.md is read from
+the test ids, ``test_<scenario>[jax-<version>]``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each version runs in its own interpreter (tests/matrix_envs.py: a cached venv holding that torch
 from PyPI, a CUDA build running gloo on CPU; 2.13 is the test venv's own), with the checkout on
-PYTHONPATH, as an image that copies the launcher beside the user's torch. The README's
-compatibility table is generated from these test ids (python -m tests.matrix_report).
+PYTHONPATH, as an image that copies the launcher beside the user's torch. The compatibility
+table (docs/compatibility.md) is generated from these test ids (python -m tests.matrix_report).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Each runs ``<that interpreter> -m launcher local --framework xgboost --nnodes 2 -- python ...``
 with the checkout on PYTHONPATH and that interpreter first on PATH, so the launcher, its tracker
-and its workers all run on that xgboost. The README's table is read from the test ids,
+and its workers all run on that xgboost. The table in docs/compatibility.md is read from the test ids,
 ``test_<scenario>[xgboost-<version>]``.
 """
 

@@ -585,7 +585,7 @@ def test_a_kustomize_overlay_retargets_the_images(tmp_path):
     assert images["mpi-distributed"] == {f"{MPI_IMAGES['openmpi']}:{__version__}"}
 
 
-# --- the example TrainJobs the README shows -------------------------------------------------
+# --- the example TrainJobs docs/cluster.md shows ---------------------------------------------
 
 EXAMPLES = sorted((ROOT / "examples").glob("trainjob-*.yaml"))
 TRAINJOB_CRD = k8s_checks.CRD_DIR / "trainer.kubeflow.org_trainjobs.yaml"

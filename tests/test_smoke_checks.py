@@ -1,6 +1,6 @@
 """The GPU checks against their model's floors. No GPU here (none was lent for issue 14): the
 measurements are replaced by a stand-in that returns figures measured on a real H100 80GB HBM3
-(787.9 TFLOP/s bf16 at 8192^3, 3,002 GB/s device copy: README, "Smoke test"), or degraded ones.
+(787.9 TFLOP/s bf16 at 8192^3, 3,002 GB/s device copy: docs/smoke.md, "What ran where"), or degraded ones.
 What is tested is everything around them: the floors each GPU is held to and where they come
 from, which GPU or pair is named, the sizes each level asks for."""
 

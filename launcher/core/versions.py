@@ -1,9 +1,9 @@
 """What users may bring: the supported range of each framework and of Python, and the check that
 refuses anything outside it at start, in one line, before a job begins.
 
-The ranges are the versions the compatibility matrix runs (tests/test_matrix_*.py, the README's
-table): a floor we test, and a ceiling just above the newest release we test. A version outside
-is refused with exit 2 (``UnsupportedVersion``) rather than left to fail mid-job; ``1`` in
+The ranges are the versions the compatibility matrix runs (tests/test_matrix_*.py, the table in
+docs/compatibility.md): a floor we test, and a ceiling just above the newest release we test. A
+version outside is refused with exit 2 (``UnsupportedVersion``) rather than left to fail mid-job; ``1`` in
 ``LAUNCHER_ALLOW_UNTESTED_VERSIONS`` (or ``--allow-untested-versions 1``) runs it anyway, with
 one warning line, for the day a new torch ships before we have tested it.
 

@@ -3,7 +3,7 @@
 GPU timings use CUDA events on the device that does the work, so a copy or matmul is timed on
 the GPU it ran on, not on GPU 0's clock. None of this runs without a GPU here: the checks that
 use it are tested with these functions replaced (tests/test_smoke_checks.py), and on a lent GPU
-machine for real (README, "Smoke test").
+machine for real (docs/smoke.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A floor is set below what a healthy GPU of that model measures, so that only a degraded one
 fails: a throttled H100 still clears a generic 100 TFLOP/s, never 650. Figures named "measured"
-were measured by this project (README, "Smoke test"); the rest are vendors' published peaks and
+were measured by this project (docs/smoke.md); the rest are vendors' published peaks and
 the floors of the tools platform teams already gate nodes with (DCGM diagnostics, nccl-tests).
 Flags and LAUNCHER_SMOKE_* variables override any floor (launcher.smoke.thresholds).
 

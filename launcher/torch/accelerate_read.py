@@ -12,7 +12,7 @@ calls that code and reports, without launching anything,
   torchrun sets them);
 - ``program``: the script, its arguments, ``--module``/``--no_python``;
 - ``alone``: what ``accelerate launch`` would have started on this node by itself (for ``plan``,
-  and the README's comparison).
+  and the comparison in docs/frameworks/accelerate.md).
 
 Run by path in any interpreter that has accelerate: stdlib and accelerate only, plus the
 launcher's stdlib-only ``core/versions.py`` (loaded by path) for the supported range. Accelerate's
