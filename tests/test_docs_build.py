@@ -2,7 +2,8 @@
 subprocess (integration tier). mkdocs.yml makes strict fail on a page missing from the nav, a link
 to a page or an anchor that does not exist, and a page the nav names but docs/ lacks.
 
-mkdocs-material comes from requirements-docs.txt; an interpreter without it skips, saying so.
+mkdocs-material comes from requirements-docs.txt, which the test command installs (through
+requirements-dev.txt): without it the test fails, saying what to install.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from conftest import REPO
 
 
 def test_the_site_builds_with_strict_checks(tmp_path):
-    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
-        pytest.skip("mkdocs-material is not installed here: pip install -r requirements-docs.txt")
+    assert importlib.util.find_spec("mkdocs") and importlib.util.find_spec("material"), (
+        "mkdocs-material is not installed here: pip install -r requirements-docs.txt")
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's notice about its successor, not a warning of ours
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
