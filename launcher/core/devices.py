@@ -6,6 +6,7 @@ at a fake tree; :func:`probe_host` reads the real ones.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.core.outcome import ConfigError
-import contextlib
 
 _NVIDIA_DEVICE = re.compile(r"^nvidia\d+$")
 _NEURON_DEVICE = re.compile(r"^neuron(\d+)$")

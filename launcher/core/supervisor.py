@@ -10,6 +10,7 @@ still alive after the grace period gets SIGKILL. It returns only when nothing it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -23,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from launcher.core.outcome import COMMAND_NOT_FOUND, LauncherError, Reasons
-import contextlib
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

@@ -24,6 +24,7 @@ exit retryably rather than let two writers run.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -39,7 +40,6 @@ from launcher.core.outcome import Reasons
 from launcher.initializers.errors import TransientError
 from launcher.initializers.knobs import INIT_KNOBS
 from launcher.initializers.state import own_state_directory
-import contextlib
 
 LEASE = "lease"
 LOG_EVERY = 5.0

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import importlib.machinery
 import importlib.util
 import io
@@ -41,7 +42,6 @@ import signal
 import sys
 import types
 from typing import NamedTuple
-import contextlib
 
 USAGE = "[--] SCRIPT | -m MODULE | -c CODE | - [ARGS...]"
 ERROR_LIMIT = 1000  # characters of an error in a report

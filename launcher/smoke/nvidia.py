@@ -15,6 +15,7 @@ not report ("N/A", absent) is None.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -23,7 +24,6 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-import contextlib
 
 COMMAND = ("nvidia-smi", "-q", "-x")
 # A healthy driver answers -q -x for 8 GPUs in about a second; one that takes this long is

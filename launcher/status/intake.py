@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -18,7 +19,6 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from launcher.status.lines import Observation
-import contextlib
 
 SOCKET_ENV = "LAUNCHER_PROGRESS_SOCKET"
 MAX_BODY = 64 * 1024  # the status server's own limit

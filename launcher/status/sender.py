@@ -7,6 +7,7 @@ stores the latest body; the thread sends it when the throttle allows. A problem 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -21,7 +22,6 @@ import launcher
 from launcher.core import log
 from launcher.status.payload import encode
 from launcher.status.settings import StatusEnv
-import contextlib
 
 REQUEST_TIMEOUT = 5.0
 _USER_AGENT = f"trainer-launcher/{launcher.__version__}"

@@ -29,6 +29,7 @@ Keys live under ``trainer-launcher/``; a JobSet restart brings a new store (each
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,7 +39,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-import contextlib
 
 PREFIX = "trainer-launcher/"
 STOP = PREFIX + "stop"
