@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         return _dispatch(argv)
-    except Exception as error:  # noqa: BLE001: everything the subcommands did not classify
+    except Exception as error:  # noqa: BLE001 - everything the subcommands did not classify
         import os
         import traceback
 
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
             launcher = load(LauncherSettings)
             termination_log, codes = launcher.termination_log, launcher.retryable_exit_codes
-        except Exception:  # noqa: BLE001: the defaults, then
+        except Exception:  # noqa: BLE001 - the defaults, then
             pass
         return deliver(internal_error(error, node=os.environ.get("HOSTNAME")), termination_log, codes)
 

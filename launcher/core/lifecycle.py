@@ -1,6 +1,7 @@
 """The pod's life, written once. Every framework's pod walks the same steps, in this order:
 
-    start early ─► settings ─► plan ─► watch ─► start ─► wait for peers ─► go ─► serve ─► judge ─► conclude ─► export ─► deliver
+    start early ─► settings ─► plan ─► watch ─► start ─► wait for peers ─► go ─► serve ─► judge
+        ─► conclude ─► export ─► deliver
 
 A framework supplies a :class:`Pod`: what it starts before the launcher validates (processes whose
 slow ``import`` overlaps ours, each held by a go pipe), its plan, its wait, its go word, how it

@@ -263,9 +263,12 @@ class Supervisor:
         self._reap()
         for tick in self.tickers:
             tick()
-        if self.teardown_started is not None and not self._killed:
-            if time.monotonic() >= self.teardown_started + self.grace_period:
-                self.kill_all()
+        if (
+            self.teardown_started is not None
+            and not self._killed
+            and time.monotonic() >= self.teardown_started + self.grace_period
+        ):
+            self.kill_all()
 
     def _timeout(self, idle: float = 0.5) -> float:
         if self.teardown_started is not None and not self._killed:

@@ -92,7 +92,7 @@ class HubTarget:
                     raise
                 backoff(attempt, first=0.5)
         self.commit = info.oid
-        for file, operation in zip(files, operations):  # huggingface_hub hashed each file (on 8 threads)
+        for file, operation in zip(files, operations, strict=True):  # huggingface_hub hashed each file (on 8 threads)
             digests[file.path] = {"sha256": operation.upload_info.sha256.hex()}
         progress.add(sum(f.size for f in files), len(files))
 

@@ -24,6 +24,7 @@ and the progress log (``progress``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -152,10 +153,8 @@ class Engine:
             try:
                 summary = self._run(todo, destinations, summary, total)
             except BaseException:
-                try:  # keep what finished; the first failure is the one to report
+                with contextlib.suppress(Exception):  # keep what finished; the first failure is the one to report
                     self._committer.close()
-                except Exception:  # noqa: BLE001
-                    pass
                 raise
             self._committer.close()
         finally:

@@ -290,10 +290,8 @@ def take_over(directory: str, stale: bytes, generation: int, mine: bytes) -> int
         return None
     os.close(marker)
     if _read(path) != stale:  # it moved on (the holder woke up, or a claim winner already replaced it)
-        try:
+        with contextlib.suppress(FileNotFoundError):  # the new holder cleared the claims already
             os.unlink(claim)
-        except FileNotFoundError:
-            pass  # the new holder cleared the claims already
         return None
     temporary = f"{path}.tmp-{secrets.token_hex(8)}"
     fd = _create(temporary, mine)
@@ -349,9 +347,8 @@ def acquire(
                 fd = take_over(directory, raw, generation, me.encode())
                 if fd is not None:
                     why = "its process is gone" if gone else f"no heartbeat for {now - watch.changed:.0f}s"
-                    log(
-                        f"{target}: took over the lease of {watch.holder.who() if watch.holder else 'an unreadable lease'} ({why})"
-                    )
+                    holder = watch.holder.who() if watch.holder else "an unreadable lease"
+                    log(f"{target}: took over the lease of {holder} ({why})")
                     break
                 watch.claim_taken(now)
         if wait and now - started >= wait:

@@ -28,12 +28,14 @@ UnsupportedVersion), unless LAUNCHER_ALLOW_UNTESTED_VERSIONS=1 (one warning line
 Run by path, not as ``-m launcher.jax.run``, so any interpreter that has jax can run it: it imports
 nothing but the standard library and jax, and stdlib-only files of the launcher loaded by path:
 ../runner/program.py, which runs the program exactly as python would; compat.py, through which
-every use of jax's internals goes; ../core/versions.py and ../core/crash.py. It reads its few variables itself (the launcher has validated them already;
-run by hand, a bad value is one line and exit 2).
+every use of jax's internals goes; ../core/versions.py and ../core/crash.py. It reads its few
+variables itself (the launcher has validated them already; run by hand, a bad value is one line
+and exit 2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -352,10 +354,8 @@ class Session:
         except Exception as error:  # noqa: BLE001 - a peer failed or vanished
             time.sleep(PEER_WAIT)  # its stop record, if any, reaches the watcher meanwhile
             self.failed(1, f"the job's final barrier failed: {program.describe(error)}")
-        try:
+        with contextlib.suppress(Exception):  # another process woke them first
             self.store.set(STOP_KEY, json.dumps({"done": True}), overwrite=False)
-        except Exception:  # noqa: BLE001 - another process woke them first
-            pass
         self._closing.set()
         self._watcher.join()
 
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except Exception as error:  # noqa: BLE001: jax's own errors and the program's go on as before
+    except Exception as error:  # jax's own errors and the program's go on as before
         if not crash.raised_in_launcher(error):
             raise
         crashed(error, _reports_to[-1] if _reports_to else os.environ.get(REPORT_ENV))

@@ -273,10 +273,8 @@ def describe(error: BaseException | None) -> str | None:
 
 
 def _print_to_stderr(what: object) -> None:
-    try:
+    with contextlib.suppress(Exception):  # no stderr left: python would say nothing either
         print(what, file=sys.stderr, flush=True)
-    except Exception:  # noqa: BLE001 - no stderr left: python would say nothing either
-        pass
 
 
 # --- leaving --------------------------------------------------------------------------------------

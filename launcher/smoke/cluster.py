@@ -38,7 +38,9 @@ def rounds(nodes: int) -> list[list[tuple[int, int]]]:
     found = []
     for _ in range(len(seats) - 1):
         half = len(seats) // 2
-        pairs = [(a, b) for a, b in zip(seats[:half], reversed(seats[half:])) if a is not None and b is not None]
+        pairs = [
+            (a, b) for a, b in zip(seats[:half], reversed(seats[half:]), strict=True) if a is not None and b is not None
+        ]
         found.append([tuple(sorted(pair)) for pair in pairs])
         seats = [seats[0], seats[-1], *seats[1:-1]]
     return found

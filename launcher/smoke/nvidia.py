@@ -105,10 +105,8 @@ def run_bounded(argv: Sequence[str], timeout: float) -> tuple[int | None, str, s
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(OSError):
                     os.killpg(process.pid, signal.SIGKILL)
-                try:
-                    process.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    pass  # stuck in the kernel: left to init, the answer does not wait for it
+                with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel: left to init,
+                    process.wait(timeout=2)  # the answer does not wait for it
                 return None, "", f"{name} did not answer within {timeout:g} s"
             out.seek(0)
             err.seek(0)

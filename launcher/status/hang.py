@@ -37,7 +37,8 @@ _COLLECTIVE = re.compile(
     "|".join(
         [
             *(frame for framework in frameworks() for frame in framework.collective_frames),
-            r"in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter|Barrier|Allreduce|Bcast)\b",
+            r"in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter"
+            r"|Barrier|Allreduce|Bcast)\b",
         ]
     )
 )

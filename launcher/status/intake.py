@@ -276,7 +276,7 @@ def _handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._status(404, "Not found", "NotFound")
 
-        do_PUT = do_PATCH = do_DELETE = do_GET
+        do_PUT = do_PATCH = do_DELETE = do_GET  # noqa: N815 - http.server dispatches on do_<METHOD>
 
         def _discard_body(self) -> None:
             try:

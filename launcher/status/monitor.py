@@ -5,9 +5,9 @@ every source the ranks may use (their output lines, ``launcher.progress.report``
 file, and the Kubeflow SDK's or HuggingFace's own status calls, which reach a local relay instead
 of the status server) into one tracker. The one pod that sends for the job (its framework says
 which: the first node, or the launcher pod) turns the tracker into the TrainJob's ``trainerStatus``,
-at most once per interval, and the job's outcome into its final status. With ``--hang-timeout`` the tracker also decides when the
-job has stopped making progress: then every rank's Python stack is taken, the job is torn down,
-and it ends as a retryable ``Hang``.
+at most once per interval, and the job's outcome into its final status. With ``--hang-timeout``
+the tracker also decides when the job has stopped making progress: then every rank's Python stack
+is taken, the job is torn down, and it ends as a retryable ``Hang``.
 
 It changes nothing unless it is wanted: without the status server's variables and without a hang
 timeout, no monitor is made and the ranks' environment is the user's.

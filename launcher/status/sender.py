@@ -185,10 +185,8 @@ class Sender:
     def _say(self, write: Callable[[str], None], line: str) -> None:
         if self._token:
             line = line.replace(self._token, "***")
-        try:
+        with contextlib.suppress(Exception):  # a broken log sink must not stop reporting
             write(line)
-        except Exception:  # noqa: BLE001 - a broken log sink must not stop reporting
-            pass
 
     def _read_token(self) -> str:
         try:

@@ -293,7 +293,7 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except SystemExit:
         raise
-    except Exception:  # noqa: BLE001: anything else is this file's bug, said as such (exit 70)
+    except Exception:  # noqa: BLE001 - anything else is this file's bug, said as such (exit 70)
         import traceback
 
         traceback.print_exc()

@@ -14,6 +14,7 @@ Usage (internal): python -m launcher.torch.agent --control-fd FD --status-fd FD 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -101,10 +102,8 @@ def _prepare_dump_dir() -> None:
     for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
         prefix = os.environ.get(name)
         if prefix and os.path.dirname(prefix):
-            try:
-                os.makedirs(os.path.dirname(prefix), exist_ok=True)
-            except OSError:
-                pass  # the ranks then log torch's own error on a dump; the job is not at stake
+            with contextlib.suppress(OSError):  # the ranks then log torch's own error on a dump;
+                os.makedirs(os.path.dirname(prefix), exist_ok=True)  # the job is not at stake
             return
 
 
@@ -157,7 +156,7 @@ class Agent:
             code = error.code if isinstance(error.code, int) else 2
             if code:
                 self.finish({"agentError": "torchrun rejected its arguments", "exitCode": code})
-        except Exception as error:  # rendezvous and store failures end up here, and our hooks' bugs
+        except Exception as error:  # noqa: BLE001 - rendezvous and store failures end up here, and our hooks' bugs
             if raised_in_launcher(error):
                 self.crashed(error)
             print(f"trainer-launcher: torchrun failed: {type(error).__name__}: {error}", file=sys.stderr)
@@ -221,7 +220,7 @@ def main(argv: list[str]) -> int:
     agent = Agent(control, int(arg("--status-fd")), arg("--report"), arg("--job"), 25.0)
     try:
         return _run(agent)
-    except Exception as error:  # noqa: BLE001: anything torchrun.main did not raise is ours
+    except Exception as error:  # noqa: BLE001 - anything torchrun.main did not raise is ours
         agent.crashed(error)
 
 

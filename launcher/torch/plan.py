@@ -248,7 +248,8 @@ def plan_torch(
         raise ConfigError(
             "SCRIPT",
             None,
-            "a training script after the options: trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]",
+            "a training script after the options: "
+            "trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]",
         )
     program = tuple(torchrun_args.program_argv(run.program))
     _check_reads_back(flags + program, typed, planned, run.program)

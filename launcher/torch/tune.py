@@ -168,7 +168,7 @@ def load_registry() -> Registry | None:
     spec = importlib.util.find_spec("torchtune")  # finds, does not import, a top-level package
     if spec is None or not spec.submodule_search_locations:
         return None
-    package = list(spec.submodule_search_locations)[0]
+    package = next(iter(spec.submodule_search_locations))
     source = os.path.join(package, "_recipe_registry.py")
     try:
         loader_spec = importlib.util.spec_from_file_location("_trainer_launcher_tune_registry", source)

@@ -32,6 +32,7 @@ is refused is dropped with one line per peer; nothing a peer sends ends the job 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -254,7 +255,7 @@ class _Lookups:
                     return
                 try:
                     addresses = self._resolve(name)
-                except Exception:  # a lookup that fails finds nothing; the next one may
+                except Exception:  # noqa: BLE001 - any resolver's failure finds nothing; the next lookup may
                     addresses = set()
                 for address in addresses:
                     found.setdefault(address, set()).add(index)
@@ -264,10 +265,8 @@ class _Lookups:
                 self._result = {address: frozenset(pods) for address, pods in found.items()}
                 again, self._again = self._again, False
                 self._running = again
-                try:
-                    os.write(self._wake_w, b".")
-                except BlockingIOError:
-                    pass  # the loop has a wake word waiting already: it takes the newest result
+                with contextlib.suppress(BlockingIOError):  # the loop has a wake word waiting already:
+                    os.write(self._wake_w, b".")  # it takes the newest result
             if not again:
                 return
 

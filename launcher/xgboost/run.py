@@ -39,6 +39,7 @@ already; run by hand, a bad value is one line and exit 2).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -281,10 +282,8 @@ def wait_for_go(fd: int | None) -> dict[str, str]:
 def tell_joined(fd: int | None, task_id: int) -> None:
     if fd is None:
         return
-    try:
+    with contextlib.suppress(OSError):  # the launcher is gone; its children die with it
         os.write(fd, f"{task_id}\n".encode())
-    except OSError:
-        pass  # the launcher is gone; its children die with it
     os.close(fd)
 
 
@@ -371,7 +370,7 @@ def crashed(error: BaseException) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except Exception as error:  # noqa: BLE001: xgboost's own errors and the program's go on as before
+    except Exception as error:  # xgboost's own errors and the program's go on as before
         if not crash.raised_in_launcher(error):
             raise
         crashed(error)
