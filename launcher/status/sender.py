@@ -193,9 +193,9 @@ class Sender:
             with open(self._token_path or "", encoding="utf-8") as file:
                 token = file.read().strip()
         except (OSError, UnicodeDecodeError) as error:
-            raise _Failure(
-                f"cannot read the token file {self._token_path} ({error.strerror or error})", "token"
-            ) from None
+            # A UnicodeDecodeError has no strerror: reading it there failed as the sender's own error.
+            reason = (error.strerror if isinstance(error, OSError) else None) or error
+            raise _Failure(f"cannot read the token file {self._token_path} ({reason})", "token") from None
         if not token or any(c.isspace() for c in token):
             raise _Failure(f"the token file {self._token_path} is empty or not one token", "token")
         self._token = token
