@@ -306,7 +306,8 @@ def _joined(parts: list[str]) -> str:
 def _through_links(pending: list[str], links: dict[str, str], follow_last: bool = True) -> list[str] | None:
     """Where a path (as parts under the target) lands once the archive's symlinks in it are
     followed; None where it climbs out of the target or loops (the data filter refuses those)."""
-    pending, resolved, hops = list(pending), [], 0
+    resolved: list[str] = []
+    pending, hops = list(pending), 0
     while pending:
         part = pending.pop(0)
         if part == "..":

@@ -295,6 +295,8 @@ def take_over(directory: str, stale: bytes, generation: int, mine: bytes) -> int
         return None
     temporary = f"{path}.tmp-{secrets.token_hex(8)}"
     fd = _create(temporary, mine)
+    if fd is None:  # 64 random bits named a file that exists: it is not ours to move
+        raise FileExistsError(errno.EEXIST, "the lease's temporary file exists already", temporary)
     os.replace(temporary, path)
     if os.pread(fd, len(mine) + 1, 0) != mine or _read(path) != mine:
         os.close(fd)
