@@ -152,7 +152,7 @@ def _observation(record: dict, metrics: dict, source: str) -> Observation:
     step = _first_count(record, _STEP_KEYS)
     total = _first_count(record, _TOTAL_KEYS)
     rank = _count(record.get("rank"))
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     for name, value in metrics.items():
         if len(pairs) >= _MAX_METRICS:
             break
