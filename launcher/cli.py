@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from types import ModuleType
+from typing import NoReturn
 
 from launcher import __version__
 from launcher.core.knobs import KNOBS, Knob, given
@@ -21,7 +22,7 @@ from launcher.smoke.knobs import NODE_KNOBS
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
 

@@ -21,10 +21,13 @@ import os
 import signal
 import sys
 import threading
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from launcher.core.crash import INTERNAL_ERROR, crash_site, describe, raised_in_launcher
 from launcher.torch import compat
+
+if TYPE_CHECKING:
+    from launcher.torch.peers import Peers
 
 
 def _write_json(path: str, data: object) -> None:
@@ -126,7 +129,7 @@ class Agent:
     def __init__(self, control, status_fd: int, report: str, job: str, grace: float):
         self.control, self.status_fd, self.report, self.job = control, status_fd, report, job
         self.grace = grace
-        self.peers = None
+        self.peers: Peers | None = None
         self.stores: list = []  # torchrun's rendezvous stores, kept until this process exits
         self.workers: list = []
         self.find_workers = lambda: self.workers  # torchrun's ranks, as Popen-like handles
@@ -263,7 +266,10 @@ def _run(agent: Agent) -> int:
     if plan.get("peers"):
         from launcher.torch.peers import PeerConfig, Peers
 
-        peers = agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop, _dump_local_stacks)
+        config = PeerConfig.from_json(plan["peers"])
+        if config is None:  # None only for no peers, and the plan has some
+            raise ValueError(f"the plan's peers are not a peer configuration: {plan['peers']!r}")
+        peers = agent.peers = Peers(config, agent.on_peer_stop, _dump_local_stacks)
         compat.publish_final_failures(lambda failures: peers.publish_stop(_stop_record(failures)))
 
         # On the node serving the job's store, the server lives as long as torchrun's store

@@ -80,8 +80,7 @@ def bind_workers(workers: list, in_child) -> bool:
 
         def install(popen) -> None:
             shim = types.ModuleType("subprocess")
-            shim.__dict__.update(vars(subprocess))
-            shim.Popen = popen
+            shim.__dict__.update(vars(subprocess), Popen=popen)
             module.subprocess = shim
 
     if real is None:
@@ -319,7 +318,7 @@ def _flag_of(node: ast.AST) -> InstalledFlag | None:
     dest = keywords.get("dest")
     name = (
         dest.value
-        if isinstance(dest, ast.Constant)
+        if isinstance(dest, ast.Constant) and isinstance(dest.value, str)
         else next((o for o in options if o.startswith("--")), options[0]).lstrip("-").replace("-", "_")
     )
     switch = action in ("store_true", "store_false", "check_env", "store_const", "count")

@@ -204,9 +204,9 @@ class Peers:
         store.set(stacks_key(self.config.node_rank), json.dumps({"node": self.config.node, "ranks": self._on_dump()}))
         store.add(DUMPED, 1)
         if self._asked:
-            self._answer(store)
+            self._answer(store, request)
 
-    def _answer(self, store) -> None:
+    def _answer(self, store, request: str) -> None:
         """Every node's stacks (those that answered within DUMP_WAIT), for our launcher."""
         deadline = time.monotonic() + DUMP_WAIT
         while store.add(DUMPED, 0) < self.config.nnodes and time.monotonic() < deadline:
@@ -215,7 +215,7 @@ class Peers:
         for rank in range(self.config.nnodes):
             if store.check([stacks_key(rank)]):
                 answers.append(json.loads(store.get(stacks_key(rank))))
-        done = self.config.dump_request + ".done"
+        done = request + ".done"
         with open(done + ".tmp", "w") as handle:
             json.dump(answers, handle)
         os.replace(done + ".tmp", done)

@@ -217,7 +217,7 @@ class _Lookups:
     ):
         self.addresses: dict[str, frozenset[int]] = {}
         self.completed = 0
-        self._names, self._resolve, self._refresh = names, resolve, refresh
+        self.names, self._resolve, self._refresh = names, resolve, refresh
         self._unwatch, self._on_done = unwatch, on_done
         self._lock = threading.Lock()
         self._running = self._again = self._closed = False
@@ -250,7 +250,7 @@ class _Lookups:
             time.sleep(max(0.0, self._last + self._refresh - time.monotonic()))
             self._last = time.monotonic()
             found: dict[str, set[int]] = {}
-            for index, name in enumerate(self._names):
+            for index, name in enumerate(self.names):
                 if self._closed:
                     return
                 try:
@@ -364,9 +364,12 @@ class Board:
             self._server.close()
             raise
         self._server.setblocking(False)
-        self._lookups = (
-            _Lookups(peers.names, resolve, refresh, watch, unwatch, self._on_lookup) if peers.kind == "names" else None
-        )
+        self._lookups: _Lookups | None = None
+        if peers.kind == "names":
+            if peers.names is None:
+                self._server.close()
+                raise ValueError("the board's peers are names, but no names are given")
+            self._lookups = _Lookups(peers.names, resolve, refresh, watch, unwatch, self._on_lookup)
         watch(self._server.fileno(), self._accept)
 
     @property
@@ -414,7 +417,7 @@ class Board:
         self._clients[fd] = client
         self._watch(fd, lambda: self._read(fd))
         if not client.trusted:
-            self._lookups.request()
+            self._names().request()
         elif self.record is not None:
             _send(connection, {"stop": self.record})
         if self.done:
@@ -445,6 +448,7 @@ class Board:
     def _consider(self, address: str, record: dict) -> None:
         if self.record is not None:
             return  # the first record won
+        pods: range | frozenset[int] | None
         if self._lookups is None:
             pods = range(self._pods)
         elif (pods := self._lookups.addresses.get(address)) is None:
@@ -460,11 +464,18 @@ class Board:
         self.record = record
         self._broadcast({"stop": record}, trusted_only=True)
         if any(not client.trusted for client in self._clients.values()):
-            self._lookups.request()  # a pod whose name did not resolve yet gets it once it does
+            self._names().request()  # a pod whose name did not resolve yet gets it once it does
         self._on_record(record)
 
+    def _names(self) -> _Lookups:
+        """The lookups of the pods' names: there are some wherever a connection can be untrusted."""
+        if self._lookups is None:
+            raise RuntimeError("the board looks up no names: its peers are not named pods")
+        return self._lookups
+
     def _on_lookup(self) -> None:
-        addresses = self._lookups.addresses
+        lookups = self._names()
+        addresses = lookups.addresses
         for fd, client in list(self._clients.items()):
             if not client.trusted and client.address in addresses:
                 client.trusted = True
@@ -472,13 +483,12 @@ class Board:
                     self._drop(fd)
         waiting, self._pending = self._pending, []
         for address, record, asked in waiting:
-            if self._lookups.completed <= asked:
+            if lookups.completed <= asked:
                 self._pending.append((address, record, asked))  # came while this lookup ran: the next decides
             elif address not in addresses:
                 self._refuse(
                     address,
-                    f"a record from an address that none of the job's pods' names "
-                    f"({self._peers.names[0]}...) resolves to",
+                    f"a record from an address that none of the job's pods' names ({lookups.names[0]}...) resolves to",
                 )
             else:
                 self._consider(address, record)
