@@ -44,16 +44,6 @@ if TYPE_CHECKING:
     from launcher.xgboost.stops import Stops
 
 RUNNER = os.path.abspath(runner_module.__file__)
-_T = TypeVar("_T")
-
-
-def _made(value: _T | None, what: str) -> _T:
-    """``value``, which an earlier step of the pod's life made: a clear error where it did not."""
-    if value is None:
-        raise RuntimeError(f"xgboost: {what} is used before it was made")
-    return value
-
-
 TRACKER = os.path.abspath(tracker_module.__file__)
 PLACEHOLDER = ("python", "SCRIPT")
 # How often another pod knocks on the tracker's port while it is not up yet, at most. Every job's
@@ -477,6 +467,16 @@ class XGBoostPod(lifecycle.Pod):
         if report.get("error"):
             outcome = outcome.with_extra(error=report["error"])
         return outcome.with_extra(**last_lines(child.tail))
+
+
+_T = TypeVar("_T")
+
+
+def _made(value: _T | None, what: str) -> _T:
+    """``value``, which an earlier step of the pod's life made: a clear error where it did not."""
+    if value is None:
+        raise RuntimeError(f"xgboost: {what} is used before it was made")
+    return value
 
 
 def _peer_lost(spawned: _Spawned) -> bool:
