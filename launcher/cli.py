@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from types import ModuleType
+from typing import NoReturn
 
 from launcher import __version__
 from launcher.core.knobs import KNOBS, Knob, given
@@ -21,7 +22,7 @@ from launcher.smoke.knobs import NODE_KNOBS
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
 
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         return _dispatch(argv)
-    except Exception as error:  # noqa: BLE001: everything the subcommands did not classify
+    except Exception as error:  # noqa: BLE001 - everything the subcommands did not classify
         import os
         import traceback
 
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
             launcher = load(LauncherSettings)
             termination_log, codes = launcher.termination_log, launcher.retryable_exit_codes
-        except Exception:  # noqa: BLE001: the defaults, then
+        except Exception:  # noqa: BLE001 - the defaults, then
             pass
         return deliver(internal_error(error, node=os.environ.get("HOSTNAME")), termination_log, codes)
 

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False  # typing's own meaning, without importing typing into the user's program
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 SOCKET_ENV = "LAUNCHER_PROGRESS_SOCKET"
 # Where a launcher-less program finds its global rank: the variable its framework's own launcher
 # sets (torchrun, each implementation's mpirun, the coordinator's environment), first found wins.
@@ -34,7 +38,10 @@ _RETRY_AFTER = 1.0
 # racing on it at worst make one extra socket.
 _state: tuple | None = None
 _GONE: frozenset[int] | None = None  # errno values that mean the launcher's socket is gone
-_encode = _clock = _monotonic = None  # json's encoder, time.time and time.monotonic, once needed
+# json's encoder, time.time and time.monotonic, once needed
+_encode: Callable[[object], str] | None = None
+_clock: Callable[[], float] | None = None
+_monotonic: Callable[[], float] | None = None
 
 
 def report(step: int | None = None, total: int | None = None, **metrics) -> None:
@@ -57,13 +64,15 @@ def _datagram(step, total, metrics: dict) -> bytes:
         # one encoder for every call: json.dumps with options builds a new one each time
         _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
         _clock = time.time
-    values = {}
+    values: dict[str, int | float | str] = {}
     for name, value in metrics.items():
         if len(values) >= _MAX_METRICS:
             break
         text = _value(value)
         if text is not None:
             values[str(name)[:_MAX_TEXT]] = text
+    if _encode is None or _clock is None:  # set together just above
+        raise RuntimeError("progress: the encoder is not set")
     message = {"rank": _rank(), "step": _count(step), "total": _count(total), "metrics": values, "time": _clock()}
     return _encode(message).encode("utf-8", "replace")
 
@@ -124,6 +133,8 @@ def _send(path: str, data: bytes) -> None:
     try:
         state[2].send(data)
     except OSError as error:
+        if _GONE is None or _monotonic is None:  # set by _connect before it made any state
+            return
         if error.errno in _GONE:
             # the launcher went away or was replaced: connect again on a later call
             state[2].close()

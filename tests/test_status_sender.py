@@ -336,6 +336,22 @@ def test_the_final_status_is_retried_once(status_server):
     assert len(lines.problems()) == 1
 
 
+@pytest.mark.unit  # fails at the token, before any connection
+def test_a_token_file_that_is_not_text_is_the_token_s_problem(contract, tmp_path):
+    """A token file that is not UTF-8 is said as the token's problem, with its path. It was the
+    sender's own error ("AttributeError: 'UnicodeDecodeError' object has no attribute
+    'strerror'"), logged as an internal one: mypy found it."""
+    token = tmp_path / "token"
+    token.write_bytes(b"\xff\xfe not a token")
+    problems: list[str] = []
+    env = StatusEnv(url="http://127.0.0.1:9/apis/status", token=str(token))
+    sender = Sender(env, on_problem=problems.append, backoff=(0.1, 0.2))
+    assert sender.close(body(1), timeout=3) is False
+    assert len(problems) == 1, problems
+    assert f"cannot read the token file {token} (" in problems[0] and "utf-8" in problems[0], problems
+    assert "AttributeError" not in problems[0]
+
+
 def test_the_token_never_reaches_the_logs(status_server, capfd):
     """With the default log functions (the launcher's stderr lines): refused, rejected, down."""
     other_job = status_server.url_for("team-a", "someone-else")  # the token's audience is not this job: 403

@@ -25,12 +25,14 @@ else:  # loaded by path in the user's interpreter (the runners): the table is ou
         if name not in sys.modules:
             path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reasons.py")
             spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load the table of reasons from {path}", path=path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             sys.modules[name] = module
         return sys.modules[name].Reasons
 
-    Reasons = _sibling_reasons()
+    Reasons = _sibling_reasons()  # type: ignore[misc]  # the same class, loaded by path
 
 # The table's row for the launcher's own failure (why 70, and permanent: launcher.core.reasons).
 REASON = Reasons.LAUNCHER_ERROR
@@ -52,9 +54,10 @@ def crash_site(error: BaseException) -> str | None:
     """The innermost frame of ``error`` inside the launcher (else the innermost at all), as
     ``launcher/<framework>/agent.py:40 in _track_workers``."""
     frames = traceback.extract_tb(error.__traceback__)
-    frame = ([f for f in frames if _ours(f.filename)] or frames or [None])[-1]
-    if frame is None:
+    candidates = [f for f in frames if _ours(f.filename)] or frames
+    if not candidates:
         return None
+    frame = candidates[-1]
     shown = (
         os.path.relpath(os.path.abspath(frame.filename), os.path.dirname(_PACKAGE))
         if _ours(frame.filename)

@@ -6,6 +6,7 @@ at a fake tree; :func:`probe_host` reads the real ones.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.core.outcome import ConfigError
-import contextlib
 
 _NVIDIA_DEVICE = re.compile(r"^nvidia\d+$")
 _NEURON_DEVICE = re.compile(r"^neuron(\d+)$")
@@ -165,14 +165,15 @@ def neuron_accelerators(
     counts = [
         _read(Path(sys_root) / "devices/virtual/neuron_device" / f"neuron{index}" / "core_count") for index in devices
     ]
-    if not all(count and count.isdigit() for count in counts):
+    digits = [count for count in counts if count and count.isdigit()]
+    if len(digits) != len(counts):
         return Accelerators("Neuron core", None, f"{len(devices)} /dev/neuronN devices, core count unreadable")
     fused = (
         int(logical_nc_config)
         if logical_nc_config and logical_nc_config.strip().isdigit() and int(logical_nc_config) > 0
         else 1
     )
-    total = sum(int(count) for count in counts) // fused
+    total = sum(int(count) for count in digits) // fused
     return Accelerators(
         "Neuron core",
         total,
@@ -277,7 +278,7 @@ def probe_host(host_env) -> HostFacts:
     nvidia = nvidia_accelerators(host_env.cuda_visible_devices, host_env.nvidia_visible_devices)
     return HostFacts(
         hostname=host_env.hostname or socket.gethostname(),  # Kubernetes sets HOSTNAME to the pod name
-        gpu_count=nvidia.count if nvidia else 0,
+        gpu_count=nvidia.count if nvidia and nvidia.count else 0,
         cpu_quota=cgroup_cpu_quota(),
         cpu_affinity=cpu_affinity(),
         omp_num_threads_set=bool(host_env.omp_num_threads),

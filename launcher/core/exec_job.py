@@ -65,31 +65,35 @@ class CommandPod(lifecycle.Pod):
         from launcher.core.report import handed_off
 
         supervisor, child, node = life.supervisor, self.child, life.node
-        if child is None:  # stopped before it started
-            return terminated(supervisor.received_signal).on_node(node)
-        inner = handed_off(life.path("outcome.json"), code_for(child.returncode))
+        signum = supervisor.received_signal
+        if child is None:  # stopped before it started: only a signal does that (it starts at go)
+            if signum is None:
+                raise RuntimeError(f"{self.name}: the command never started, and no signal stopped it")
+            return terminated(signum).on_node(node)
+        returncode = child.exit_status
+        inner = handed_off(life.path("outcome.json"), code_for(returncode))
         if inner is not None:
             return inner
-        if supervisor.received_signal is not None and supervisor.first_failure is None:
-            if child.returncode == 0:
+        if signum is not None and supervisor.first_failure is None:
+            if returncode == 0:
                 return success()
-            return terminated(supervisor.received_signal).on_node(node)
-        if child.returncode == 0:
+            return terminated(signum).on_node(node)
+        if returncode == 0:
             return success()
         host = settings.load(settings.HostEnv)
         rank = int(host.rank) if host.rank and host.rank.isdigit() else None
         cause = RootCause(
             node=node,
             rank=rank,
-            exit_code=child.returncode if child.returncode > 0 else None,
-            signal=None if child.returncode >= 0 else signal_name(-child.returncode),
+            exit_code=returncode if returncode > 0 else None,
+            signal=None if returncode >= 0 else signal_name(-returncode),
         )
         what = f"{self.command[0]} on {node}"
         cause = self.root_cause(child, cause)
         if cause.rank is not None and cause.rank != rank:
             what = f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
         outcome = classify(
-            child.returncode,
+            returncode,
             retryable_codes=life.launcher.retryable_exit_codes,
             evidence=child.evidence,
             root_cause=cause,

@@ -37,7 +37,7 @@ def root_cause(nodes: list[NodeOutcome]) -> NodeOutcome | None:
     return min(
         failed,
         key=lambda n: (
-            bool(PEER_LOSS_PATTERN.search(n.outcome.evidence or "")),
+            bool(PEER_LOSS_PATTERN.search((n.outcome.evidence if n.outcome else None) or "")),
             math.inf if n.failed_at is None else n.failed_at,
             n.node_rank,
         ),
@@ -47,6 +47,6 @@ def root_cause(nodes: list[NodeOutcome]) -> NodeOutcome | None:
 def job_outcome(own: Outcome, node_rank: int, node: str, nodes: list[NodeOutcome]) -> Outcome:
     """This node's final outcome: its own if it failed first (or nobody did), else the root's."""
     root = root_cause(nodes)
-    if root is None or root.node_rank == node_rank:
+    if root is None or root.node_rank == node_rank or root.outcome is None:  # the root has an outcome
         return own
     return stopped_by(root.outcome, node)

@@ -1,6 +1,7 @@
 """The pod's life, written once. Every framework's pod walks the same steps, in this order:
 
-    start early ─► settings ─► plan ─► watch ─► start ─► wait for peers ─► go ─► serve ─► judge ─► conclude ─► export ─► deliver
+    start early ─► settings ─► plan ─► watch ─► start ─► wait for peers ─► go ─► serve ─► judge
+        ─► conclude ─► export ─► deliver
 
 A framework supplies a :class:`Pod`: what it starts before the launcher validates (processes whose
 slow ``import`` overlaps ours, each held by a go pipe), its plan, its wait, its go word, how it
@@ -34,6 +35,12 @@ class JobWatch(Protocol):
     """What the lifecycle needs of whoever watches the job's progress (the status services)."""
 
     hang: Outcome | None  # set when the watch ended the job as hung: that is its outcome
+    # How a hang's stacks are taken: this pod's ranks, unless the framework can ask every node.
+    take_stacks: Callable[[], list]
+
+    @property
+    def watch(self) -> object | None:
+        """What watches for hangs; None: hangs are not watched."""
 
     def rank_env(self) -> dict[str, str]:
         """The variables the job's processes need to report to the watch."""
@@ -63,11 +70,17 @@ class Export(Protocol):
         """After the job, before delivery: export if asked, and say the outcome that results."""
 
 
+class Plan(Protocol):
+    """A framework's frozen plan, as the lifecycle logs it."""
+
+    def to_json(self) -> dict: ...
+
+
 @dataclass(frozen=True)
 class Planned:
     """What a pod's plan hook gives the lifecycle."""
 
-    plan: object | None  # the framework's frozen plan, with ``to_json()``
+    plan: Plan | None  # the framework's frozen plan
     node: str  # this pod's name, in outcomes and status
     summary: str  # the plan's one log line ("": none)
     sends: bool = False  # this pod reports the job to the status server (one sender per job)
@@ -141,13 +154,24 @@ class Life:
         self.supervisor = supervisor
         self.overrides = overrides or {}  # the flags given, by knob name (launcher.core.knobs.given)
         self.workdir = tempfile.mkdtemp(prefix=f"trainer-launcher-{name}-")
-        self.launcher: LauncherSettings | None = None
+        self._launcher: LauncherSettings | None = None
         self.planned: Planned | None = None
         self.watch: JobWatch | None = None
         self.watched: dict[str, str] = {}  # the watch's variables for the job's processes
         self.interrupted = False  # the wait was cut short by a signal or an early exit
         self._pipes: list[GoPipe | Listen] = []
         self._closing: list[Callable[[], None]] = []
+
+    @property
+    def launcher(self) -> LauncherSettings:
+        """The launcher's settings, loaded before :meth:`Pod.plan` (only ``start_early`` runs before)."""
+        if self._launcher is None:
+            raise RuntimeError("the launcher's settings are read before they were loaded (in start_early?)")
+        return self._launcher
+
+    @launcher.setter
+    def launcher(self, settings: LauncherSettings) -> None:
+        self._launcher = settings
 
     @property
     def plan(self):
@@ -163,7 +187,7 @@ class Life:
     def runner_env(self) -> dict[str, str]:
         """What a runner (launcher/runner/) gets with its go word beside the plan's: the watch's
         variables, and ``--allow-untested-versions``, since its version gate reads only the variable."""
-        allowed = self.launcher is not None and self.launcher.allow_untested_versions
+        allowed = self._launcher is not None and self._launcher.allow_untested_versions
         return {**self.watched, **({"LAUNCHER_ALLOW_UNTESTED_VERSIONS": "1"} if allowed else {})}
 
     def go_pipe(self) -> GoPipe:

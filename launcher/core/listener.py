@@ -12,6 +12,7 @@ once, so a flood cannot exhaust threads; a rank retries nothing, but the flood e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
@@ -44,10 +45,8 @@ class TokenListener:
 
     def close(self) -> None:
         self._closed.set()
-        try:
+        with contextlib.suppress(OSError):
             self._server.shutdown(socket.SHUT_RDWR)  # wakes the accept() at once (Linux)
-        except OSError:
-            pass
         self._thread.join(timeout=2)
         self._server.close()
 
@@ -74,7 +73,7 @@ class TokenListener:
         """One connection, start to end; whatever its bytes do, the listener goes on."""
         try:
             self._accepted(connection)
-        except Exception:  # noqa: BLE001: a peer's bytes never end the listener
+        except Exception:  # noqa: BLE001 - a peer's bytes never end the listener
             connection.close()
         finally:
             self._pending.release()

@@ -45,7 +45,7 @@ def wait_until_resolves(name: str, deadline: float, sleep: Sleep = time.sleep, l
     """Addresses of ``name`` once it resolves; WaitTimeout naming it at ``deadline`` (monotonic)."""
 
     def resolve() -> list[str]:
-        return sorted({info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)})
+        return sorted({str(info[4][0]) for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)})
 
     return _until(resolve, f"{name} to resolve", f"the name {name} never resolved", deadline, sleep, log)
 

@@ -90,10 +90,7 @@ class ConfigError(LauncherError):
 
     def __init__(self, name: str, value: object, expected: str, *, secret: bool = False):
         self.name, self.value, self.expected = name, value, expected
-        if value is None:
-            shown = f"{name} is unset"
-        else:
-            shown = f"{name}={'***' if secret else repr(value)}"
+        shown = f"{name} is unset" if value is None else f"{name}={'***' if secret else repr(value)}"
         super().__init__(f"{shown}: expected {expected}")
 
 

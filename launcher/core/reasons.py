@@ -79,7 +79,11 @@ class Reason(str):
     @property
     def codes(self) -> range:
         """Every exit code an outcome for this reason can carry."""
-        return range(self.code, self.code + 1) if self.code is not None else _RULE_CODES[self.rule]
+        if self.code is not None:
+            return range(self.code, self.code + 1)
+        if self.rule is None:  # __new__ refuses a reason with neither
+            raise ValueError(f"{self}: a reason without an exit code or a rule")
+        return _RULE_CODES[self.rule]
 
     def exit_code(self, given: int | None = None) -> int:
         """The exit code of an outcome for this reason: its own, or ``given`` where its rule gives

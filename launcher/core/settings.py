@@ -252,11 +252,25 @@ class HostEnv(Settings):
 # --- loading ------------------------------------------------------------------------------------
 
 
+def _extra(model: type[Settings], name: str) -> dict:
+    """What :func:`field` recorded of field ``name`` beside pydantic's own (its variables, ...)."""
+    extra = model.model_fields[name].json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def _env_names(model: type[Settings], name: str) -> tuple[str, ...]:
+    """The variables that set field ``name``, in the order they are read."""
+    names = _extra(model, name).get("env")
+    if not isinstance(names, (list, tuple)):
+        raise TypeError(f"{model.__name__}.{name}: a field without its variables (not made by settings.field)")
+    return tuple(str(env) for env in names)
+
+
 def source_of(model: type[Settings], name: str, overrides: dict[str, Override] | None = None) -> str | None:
     """Which flag or variable supplied field ``name`` (None: the default)."""
     if overrides and name in overrides:
         return overrides[name].source
-    for env in model.model_fields[name].json_schema_extra["env"]:
+    for env in _env_names(model, name):
         if os.environ.get(env, "") != "":
             return env
     return None
@@ -265,7 +279,7 @@ def source_of(model: type[Settings], name: str, overrides: dict[str, Override] |
 def raw_value(model: type[Settings], name: str, overrides: dict[str, Override] | None = None) -> Any:
     if overrides and name in overrides:
         return overrides[name].value
-    for env in model.model_fields[name].json_schema_extra["env"]:
+    for env in _env_names(model, name):
         if os.environ.get(env, "") != "":
             return os.environ[env]
     return None
@@ -283,19 +297,15 @@ def load(model: type[Settings], overrides: dict[str, Override] | None = None) ->
         field_name = _field_for(model, first["loc"][0] if first["loc"] else "")
         source = source_of(model, field_name, overrides) or field_name
         message = str(first.get("ctx", {}).get("error") or first["msg"])
-        secret = (
-            bool((model.model_fields[field_name].json_schema_extra or {}).get("secret"))
-            if field_name in model.model_fields
-            else False
-        )
+        secret = bool(_extra(model, field_name).get("secret")) if field_name in model.model_fields else False
         raise ConfigError(
             source, raw_value(model, field_name, overrides), message.removeprefix("Value error, "), secret=secret
         ) from None
 
 
 def _field_for(model: type[Settings], loc: Any) -> str:
-    for name, info in model.model_fields.items():
-        if loc == name or loc in info.json_schema_extra["env"]:
+    for name in model.model_fields:
+        if loc == name or loc in _env_names(model, name):
             return name
     return str(loc)
 

@@ -10,6 +10,7 @@ still alive after the grace period gets SIGKILL. It returns only when nothing it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -21,9 +22,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from launcher.core.outcome import COMMAND_NOT_FOUND, LauncherError, Reasons
-import contextlib
+
+if TYPE_CHECKING:
+    from types import FrameType, ModuleType
+    from typing import Any, TypeAlias
+
+    _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -64,6 +71,13 @@ class Child:
     primary: bool = False  # its exit, success or not, ends the job (daemons like sshd are not)
     released: bool = False  # sent away before its go word: its leaving with 0 interrupts nothing
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+    @property
+    def exit_status(self) -> int:
+        """``returncode`` of a child that has exited: what judging it reads."""
+        if self.returncode is None:
+            raise RuntimeError(f"{self.name} (pid {self.pid}) is judged before it exited")
+        return self.returncode
 
 
 class _Stream:
@@ -130,8 +144,8 @@ class Supervisor:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._saved: dict[int, object] = {}
-        self._psutil = None
+        self._saved: dict[int, _Handler] = {}
+        self._psutil: ModuleType | None = None  # imported on entering
         self._saved_wakeup = -1
         # Watchers of the job (its monitor): each output line, and each turn of the loop.
         self.line_observers: list[Callable[[Child, str], None]] = []
@@ -199,6 +213,8 @@ class Supervisor:
         self.children.append(child)
         self._by_pid[popen.pid] = child
         for pipe, target in ((popen.stdout, 1), (popen.stderr, 2)):
+            if pipe is None:  # both are asked for as pipes above
+                raise RuntimeError(f"{name}: subprocess gave no pipe for its output")
             os.set_blocking(pipe.fileno(), False)
             stream = _Stream(pipe, child, target, transform, self._scan, self._observe)
             self._streams[stream.fd] = stream
@@ -256,16 +272,19 @@ class Supervisor:
         for key, _ in self._selector.select(timeout):
             if key.fd == self._wake_r:
                 self._handle_signals()
-            elif self._watched.get(key.fd) is key.data:
-                key.data()
-            elif self._streams.get(key.fd) is key.data:  # not closed by an earlier event of this batch
-                self._read(key.data)
+            elif (callback := self._watched.get(key.fd)) is not None and callback is key.data:
+                callback()
+            elif (stream := self._streams.get(key.fd)) is not None and stream is key.data:
+                self._read(stream)  # not closed by an earlier event of this batch
         self._reap()
         for tick in self.tickers:
             tick()
-        if self.teardown_started is not None and not self._killed:
-            if time.monotonic() >= self.teardown_started + self.grace_period:
-                self.kill_all()
+        if (
+            self.teardown_started is not None
+            and not self._killed
+            and time.monotonic() >= self.teardown_started + self.grace_period
+        ):
+            self.kill_all()
 
     def _timeout(self, idle: float = 0.5) -> float:
         if self.teardown_started is not None and not self._killed:
@@ -321,6 +340,8 @@ class Supervisor:
     def _descendants(self) -> list[int]:
         """Live processes below us (zombies excluded: the next reap takes them)."""
         psutil = self._psutil
+        if psutil is None:
+            raise RuntimeError("the supervisor looks for descendants outside its `with` block")
         try:
             found = psutil.Process().children(recursive=True)
         except psutil.Error:

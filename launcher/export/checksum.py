@@ -18,7 +18,9 @@ def digest(path: str, size: int, forms: tuple[str, ...], part_size: int = 0) -> 
     S3 answers for an upload in parts of ``part_size`` (a single PUT's md5 below it)."""
     multipart = "s3-etag" in forms and size > part_size
     single = {"md5"} if "s3-etag" in forms and not multipart else set()  # a single PUT's ETag is the md5
-    hashes = {form: Checksum(form, size) for form in ("md5", "sha256", "git-sha1") if form in forms or form in single}
+    hashes: dict[str, Checksum] = {
+        form: Checksum(form, size) for form in ("md5", "sha256", "git-sha1") if form in forms or form in single
+    }
     if multipart:
         hashes["s3-etag"] = Checksum(f"s3-multipart:{part_size}", size)
     try:
@@ -28,7 +30,11 @@ def digest(path: str, size: int, forms: tuple[str, ...], part_size: int = 0) -> 
                     h.update(chunk)
     except OSError as error:
         raise local_source_error(path, error) from None
-    found = {form: h.hexdigest() for form, h in hashes.items()}
+    found: dict[str, str] = {}
+    for form, h in hashes.items():
+        if (hexdigest := h.hexdigest()) is None:  # every form above has a digest
+            raise ValueError(f"{form}: not a checksum form")
+        found[form] = hexdigest
     if "s3-etag" in forms and not multipart:
         found["s3-etag"] = found["md5"]
     return found

@@ -98,7 +98,8 @@ class FileTarget:
             os.makedirs(os.path.join(self.staging, STATE_DIR), exist_ok=True)
         except OSError as error:
             raise LocalIOError(error, self.staging) from None
-        self._journal_handle = open(os.path.join(self.staging, JOURNAL), "a")
+        # Open from begin() to the end of send(), which closes it: each copy appends its line.
+        self._journal_handle = open(os.path.join(self.staging, JOURNAL), "a")  # noqa: SIM115
 
     def send(self, files: list[LocalFile], digests: dict[str, dict[str, str]], progress: Progress) -> None:
         try:

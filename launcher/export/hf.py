@@ -43,7 +43,7 @@ class HubTarget:
         self.commit = self.hub.call(lambda: self.api.repo_info(self.repo_id).sha, self.shown)
         return self._tree(self.commit)
 
-    def _tree(self, revision: str) -> dict[str, dict]:
+    def _tree(self, revision: str | None) -> dict[str, dict]:
         from huggingface_hub.errors import EntryNotFoundError
 
         def listed() -> list:
@@ -92,21 +92,20 @@ class HubTarget:
                     raise
                 backoff(attempt, first=0.5)
         self.commit = info.oid
-        for file, operation in zip(files, operations):  # huggingface_hub hashed each file (on 8 threads)
+        for file, operation in zip(files, operations, strict=True):  # huggingface_hub hashed each file (on 8 threads)
             digests[file.path] = {"sha256": operation.upload_info.sha256.hex()}
         progress.add(sum(f.size for f in files), len(files))
 
     def finish(self, files: list[LocalFile], digests: dict[str, dict[str, str]], manifest: bytes) -> None:
         """The commit's tree, read back: every file there, with its bytes' digest."""
         there = self._tree(self.commit)
+        at = f"{self.shown}@{self.commit[:12]}" if self.commit else self.shown
         for file in files:
             entry = there.get(file.path)
             if entry is None:
-                raise PermanentError(
-                    f"{self.shown}@{self.commit[:12]}: {file.path} is not in the commit", Reasons.STORAGE_ERROR
-                )
+                raise PermanentError(f"{at}: {file.path} is not in the commit", Reasons.STORAGE_ERROR)
             known = digests.setdefault(file.path, {})
             if "sha256" not in entry and "git-sha1" not in known:  # a regular file: small, hashed now
                 known.update(digest(file.real, file.size, ("git-sha1",)))
             if not self.same(entry, file, known):
-                raise TransientError(f"{self.shown}@{self.commit[:12]}: {file.path} differs from the file sent")
+                raise TransientError(f"{at}: {file.path} differs from the file sent")

@@ -3,7 +3,7 @@
 The credentials, endpoint, CA bundle and role are the s3:// initializer's (launcher.initializers.s3),
 and so is the client split: boto3 lists and deletes, obstore (Rust) carries the bodies. A file up to
 one part is a single PUT, on as many lanes as the concurrency; the bigger ones go up in parts, one
-file at a time with every lane on its parts: memory stays about 2 × concurrency × part size. S3
+file at a time with every lane on its parts: memory stays about 2 * concurrency * part size. S3
 answers each upload with its ETag, the md5 of what it stored (or of its parts' md5s): it must equal
 the file's own, or the file is sent again. A rerun lists the prefix first and sends only the files
 whose size or ETag differ."""

@@ -52,7 +52,7 @@ class Export:
         self.settings = export = settings.load(ExportSettings, life.overrides)
         if not export.export_uri:
             return
-        named = settings.source_of(ExportSettings, "export_uri", life.overrides)
+        named = settings.source_of(ExportSettings, "export_uri", life.overrides) or "EXPORT_URI"
         uri = parse_storage_uri(export.export_uri, SCHEMES, named)
         repo = f"{uri.authority}/{uri.path}".split("/")[:2]
         if uri.scheme == "hf" and not all(_HUB_NAME.fullmatch(part) for part in repo):
@@ -71,7 +71,7 @@ class Export:
 
     def after(self, life: Life, outcome: Outcome) -> Outcome:
         plan, export = self.plan, self.settings
-        if plan is None or not plan.exports or life.supervisor.received_signal is not None:
+        if plan is None or export is None or not plan.exports or life.supervisor.received_signal is not None:
             return outcome
         failed = outcome.exit_code != 0
         if failed and not export.export_on_failure:

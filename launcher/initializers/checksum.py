@@ -13,7 +13,8 @@ class Checksum:
         self.kind = kind
         self._part_size = int(kind.split(":")[1]) if kind and kind.startswith("s3-multipart:") else 0
         if self._part_size:
-            self._hash, self._part, self._filled, self._digests = None, hashlib.md5(), 0, []
+            self._hash, self._part, self._filled = None, hashlib.md5(), 0
+            self._digests: list[bytes] = []
         elif kind == "git-sha1":
             self._hash = hashlib.sha1(f"blob {size}\0".encode())
         elif kind in ("md5", "sha256"):
@@ -21,7 +22,7 @@ class Checksum:
         else:
             self._hash = None
 
-    def update(self, data: bytes) -> None:
+    def update(self, data: bytes | memoryview) -> None:
         if self._part_size:
             view = memoryview(data)
             while view:

@@ -7,12 +7,12 @@ manifest does not list: both are fetched again, and nothing partial ever sits un
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import threading
 from dataclasses import dataclass
-import contextlib
 
 
 def _syncfs(fd: int) -> None:

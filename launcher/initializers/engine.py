@@ -24,6 +24,7 @@ and the progress log (``progress``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -152,10 +153,8 @@ class Engine:
             try:
                 summary = self._run(todo, destinations, summary, total)
             except BaseException:
-                try:  # keep what finished; the first failure is the one to report
+                with contextlib.suppress(Exception):  # keep what finished; the first failure is the one to report
                     self._committer.close()
-                except Exception:  # noqa: BLE001
-                    pass
                 raise
             self._committer.close()
         finally:
@@ -303,6 +302,8 @@ class Engine:
         the file is never read again. Any other checksum is a single sequential hash: one pass
         over the finished file."""
         size = file.size
+        if size is None:  # _ranged: only a file of known size is fetched in ranges
+            raise ValueError(f"{file.path}: byte ranges of a file whose size is unknown")
         kind = file.checksum[0] if file.checksum else None
         part_size = Checksum(kind, size).part_size
         segment = max(self.chunk_size, -(-size // self._ranges_per_file))
@@ -317,7 +318,9 @@ class Engine:
             if isinstance(kept_segments, list)
             else set()
         )
-        kept = meta.get("digests") if isinstance(meta.get("digests"), dict) else {}
+        kept = meta.get("digests")
+        if not isinstance(kept, dict):
+            kept = {}
         if part_size:  # a range counts as done only with its parts' digests (the record is not trusted)
             done = {
                 offset
@@ -328,9 +331,15 @@ class Engine:
         if not done:
             with open_part(part, "wb") as out:
                 out.truncate(size)
-        record = {"path": file.path, "version": file.version, "segment": segment, "segments": sorted(done)}
+        record: dict[str, object] = {
+            "path": file.path,
+            "version": file.version,
+            "segment": segment,
+            "segments": sorted(done),
+        }
+        digests: dict[str, list[str]] = {str(offset): kept[str(offset)] for offset in done} if part_size else {}
         if part_size:
-            record["digests"] = {str(offset): kept[str(offset)] for offset in done}
+            record["digests"] = digests
         write_json(meta_path, record)
         lock = threading.Lock()
         fd = os.open(part, os.O_WRONLY | NO_LINK)
@@ -350,7 +359,7 @@ class Engine:
                 done.add(offset)
                 record["segments"] = sorted(done)
                 if part_size:
-                    record["digests"][str(offset)] = [d.hex() for d in hashed.part_digests()]
+                    digests[str(offset)] = [d.hex() for d in hashed.part_digests()]
                 write_json(meta_path, record)
 
         try:
@@ -364,7 +373,7 @@ class Engine:
         finally:
             os.close(fd)
         if part_size:
-            return resumed, multipart_etag([bytes.fromhex(d) for o in sorted(done) for d in record["digests"][str(o)]])
+            return resumed, multipart_etag([bytes.fromhex(d) for o in sorted(done) for d in digests[str(o)]])
         if kind is None:
             return resumed, None
         checksum = Checksum(kind, size)
@@ -397,6 +406,8 @@ class Engine:
             "version": file.version,
             "checksum": f"{file.checksum[0]}:{file.checksum[1]}" if file.checksum else None,
         }
+        if self._committer is None:  # made by run() before any file is fetched
+            raise RuntimeError("a file is committed before the engine runs")
         self._committer.add(Done(part, destination, meta_path, file.path, entry), start)
         progress.add(files=1)
         return resumed

@@ -47,7 +47,7 @@ PERMANENT_ERRNOS: dict[int, Reason] = {
 
 def permanent_os_error(error: OSError) -> Reason | None:
     """The reason an OSError will not heal on retry, or None when it may."""
-    return PERMANENT_ERRNOS.get(error.errno)
+    return PERMANENT_ERRNOS.get(error.errno) if error.errno is not None else None
 
 
 class LocalIOError(LauncherError):

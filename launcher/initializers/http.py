@@ -142,7 +142,7 @@ def get_range(
     what: str,
     credentials: dict[str, str] | None = None,
     end: int | None = None,
-) -> Iterator[memoryview]:
+) -> Iterator[bytes | memoryview]:
     """Bytes [start, end) of the body. A server that ignores Range gets the rest skipped.
 
     Yields views of one buffer that is refilled for the next chunk: the caller must write/hash each

@@ -10,6 +10,7 @@ what it holds and delivers the outcome; the download hands its own over (exit co
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -103,10 +104,8 @@ class InitPod(CommandPod):
 
     def _on_lost(self, why: str) -> None:
         """In the lease's heartbeat thread: hand the loop why, nothing more."""
-        try:
+        with contextlib.suppress(OSError):  # the run is over
             os.write(self.tell_lost, why.encode()[:4096])
-        except OSError:
-            pass  # the run is over
 
     def _lease_lost(self, data: bytes) -> None:
         if data and self.lost is None:
@@ -307,7 +306,8 @@ def _joined(parts: list[str]) -> str:
 def _through_links(pending: list[str], links: dict[str, str], follow_last: bool = True) -> list[str] | None:
     """Where a path (as parts under the target) lands once the archive's symlinks in it are
     followed; None where it climbs out of the target or loops (the data filter refuses those)."""
-    pending, resolved, hops = list(pending), [], 0
+    resolved: list[str] = []
+    pending, hops = list(pending), 0
     while pending:
         part = pending.pop(0)
         if part == "..":

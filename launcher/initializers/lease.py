@@ -24,6 +24,7 @@ exit retryably rather than let two writers run.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -39,7 +40,6 @@ from launcher.core.outcome import Reasons
 from launcher.initializers.errors import TransientError
 from launcher.initializers.knobs import INIT_KNOBS
 from launcher.initializers.state import own_state_directory
-import contextlib
 
 LEASE = "lease"
 LOG_EVERY = 5.0
@@ -290,13 +290,13 @@ def take_over(directory: str, stale: bytes, generation: int, mine: bytes) -> int
         return None
     os.close(marker)
     if _read(path) != stale:  # it moved on (the holder woke up, or a claim winner already replaced it)
-        try:
+        with contextlib.suppress(FileNotFoundError):  # the new holder cleared the claims already
             os.unlink(claim)
-        except FileNotFoundError:
-            pass  # the new holder cleared the claims already
         return None
     temporary = f"{path}.tmp-{secrets.token_hex(8)}"
     fd = _create(temporary, mine)
+    if fd is None:  # 64 random bits named a file that exists: it is not ours to move
+        raise FileExistsError(errno.EEXIST, "the lease's temporary file exists already", temporary)
     os.replace(temporary, path)
     if os.pread(fd, len(mine) + 1, 0) != mine or _read(path) != mine:
         os.close(fd)
@@ -349,9 +349,8 @@ def acquire(
                 fd = take_over(directory, raw, generation, me.encode())
                 if fd is not None:
                     why = "its process is gone" if gone else f"no heartbeat for {now - watch.changed:.0f}s"
-                    log(
-                        f"{target}: took over the lease of {watch.holder.who() if watch.holder else 'an unreadable lease'} ({why})"
-                    )
+                    holder = watch.holder.who() if watch.holder else "an unreadable lease"
+                    log(f"{target}: took over the lease of {holder} ({why})")
                     break
                 watch.claim_taken(now)
         if wait and now - started >= wait:

@@ -26,12 +26,17 @@ class RemoteFile:
     key: str = ""  # the source's own name for it (object key, repo path, URL)
 
 
+# A piece of a file's bytes: bytes, or a view of a buffer that the source refills for the next piece
+# (used before the next one is asked for: launcher.initializers.http.get_range).
+Chunk = bytes | memoryview
+
+
 class Source(Protocol):
     supports_range: bool
 
     def list(self) -> list[RemoteFile]: ...
 
-    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
+    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[Chunk]:
         """Bytes [start, end) of the file (to its end when ``end`` is None), in chunks."""
 
     # Optional: ``local_path(file) -> str | None``, a path this machine can open for the file's

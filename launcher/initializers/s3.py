@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from launcher.core.outcome import Reason, Reasons
 from launcher.initializers.errors import CorruptDataError, PermanentError, TransientError
-from launcher.initializers.listing import RemoteFile
+from launcher.initializers.listing import Chunk, RemoteFile
 
 if TYPE_CHECKING:
     from launcher.initializers.uri import StorageUri
@@ -158,6 +158,7 @@ class S3Source:
             else:
                 continue  # s3://b/data also matches data2/...: not below the prefix
             etag = obj.get("ETag", "").strip('"')
+            checksum: tuple[str, str] | None
             if etag and "-" not in etag and len(etag) == 32:
                 checksum = ("md5", etag)
             else:
@@ -179,7 +180,7 @@ class S3Source:
         part_size = head.get("ContentLength")
         return (f"s3-multipart:{part_size}", etag) if part_size else None
 
-    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
+    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[Chunk]:
         """The bytes come through obstore (Rust): boto3's per-request and per-chunk Python cost was
         this source's limit (bench/bench_init.py: client CPU per GB, and the ratio to s5cmd)."""
         store = self.body_store()

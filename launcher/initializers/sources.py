@@ -10,7 +10,7 @@ from urllib.parse import quote
 from launcher.core.outcome import Reasons
 from launcher.initializers.errors import PermanentError, TransientError, local_source_error
 from launcher.initializers.http import get_range, open_url
-from launcher.initializers.listing import RemoteFile
+from launcher.initializers.listing import Chunk, RemoteFile
 from launcher.initializers.uri import StorageUri
 
 
@@ -45,6 +45,7 @@ class FileSource:
                     self._skip(path, "a symbolic link to a directory")
             for name in names:
                 path = os.path.join(directory, name)
+                info: os.stat_result | None
                 try:
                     info = os.lstat(path)
                 except FileNotFoundError:
@@ -86,7 +87,7 @@ class FileSource:
         """The engine copies it with the kernel (copy_file_range/sendfile), not through read()."""
         return file.key
 
-    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
+    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[Chunk]:
         try:
             with os.fdopen(os.open(file.key, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
                 handle.seek(start)
@@ -115,7 +116,7 @@ class HttpsSource:
         version = response.headers.get("ETag") or response.headers.get("Last-Modified") or ""
         return [RemoteFile(name, int(length) if length and length.isdigit() else None, None, version, self.url)]
 
-    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
+    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[Chunk]:
         return get_range(self.url, {}, start, chunk_size, self.shown, end=end)
 
 
@@ -188,7 +189,7 @@ class HubSource:
             )
         return files
 
-    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[bytes]:
+    def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[Chunk]:
         from huggingface_hub import constants
 
         prefix = "datasets/" if self.repo_type == "dataset" else ""

@@ -76,7 +76,7 @@ class JaxPod(lifecycle.Pod):
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
         plan = make_plan(self.jax_overrides, self.rest, life.launcher)
-        if self.runner is not None and not plan.runner:
+        if self.runner is not None and self.go_word is not None and not plan.runner:
             self.go_word.close()  # the runner leaves at once; the program starts after the wait
             life.supervisor.release(self.runner)
             self.runner = None
@@ -96,19 +96,21 @@ class JaxPod(lifecycle.Pod):
         from launcher.core import settings
 
         plan, env = life.plan, life.runner_env()
-        if self.runner is None:
-            self.child = life.supervisor.spawn("jax", list(plan.argv), {**settings.environ(), **plan.env_set, **env})
-        else:
+        if self.runner is not None and self.go_word is not None:  # started early: it waits for its word
             self.child = self.runner
             self.go_word.send({"env": {**plan.env_set, **env, REPORT_ENV: life.path("report.json")}})
             self.go_word.close()
+        else:
+            self.child = life.supervisor.spawn("jax", list(plan.argv), {**settings.environ(), **plan.env_set, **env})
 
     def judge(self, life: lifecycle.Life) -> Outcome:
         from launcher.core.outcome import terminated
 
         supervisor = life.supervisor
         child = self.child or self.runner or supervisor.first_failure
-        if child is None:
+        if child is None:  # nothing started, nothing failed: only a signal stops a pod so early
+            if supervisor.received_signal is None:
+                raise RuntimeError("the JAX process never started, and no signal stopped it")
             return terminated(supervisor.received_signal).on_node(life.node)
         return jax_outcome(
             life.plan, supervisor, child, _read_report(life.path("report.json")), life.launcher.retryable_exit_codes

@@ -94,10 +94,7 @@ def _runner_choice(jax: JaxSettings, program: tuple[str, ...]) -> tuple[python_a
 
 def plan_jax(jax: JaxSettings, facts: JaxFacts, program: tuple[str, ...], sources: dict[str, str]) -> JaxPlan:
     command, why = _runner_choice(jax, program)
-    if command is not None:
-        argv = runner_argv(command, facts.runner)
-    else:
-        argv = program
+    argv = runner_argv(command, facts.runner) if command is not None else program
     env: dict[str, str] = {}
     if facts.gpu_count == 0 and jax.cpu_collectives is None:
         # Without it a JAX older than 0.5 has no cross-process collectives on CPU at all.

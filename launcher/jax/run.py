@@ -28,12 +28,14 @@ UnsupportedVersion), unless LAUNCHER_ALLOW_UNTESTED_VERSIONS=1 (one warning line
 Run by path, not as ``-m launcher.jax.run``, so any interpreter that has jax can run it: it imports
 nothing but the standard library and jax, and stdlib-only files of the launcher loaded by path:
 ../runner/program.py, which runs the program exactly as python would; compat.py, through which
-every use of jax's internals goes; ../core/versions.py and ../core/crash.py. It reads its few variables itself (the launcher has validated them already;
-run by hand, a bad value is one line and exit 2).
+every use of jax's internals goes; ../core/versions.py and ../core/crash.py. It reads its few
+variables itself (the launcher has validated them already; run by hand, a bad value is one line
+and exit 2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -42,6 +44,7 @@ import socket
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, NoReturn  # the runner (program.py) imports typing anyway
 
 INIT_TIMEOUT_ENV = "TRAINER_LAUNCHER_JAX_INIT_TIMEOUT"
 REPORT_ENV = "TRAINER_LAUNCHER_JAX_REPORT"
@@ -64,12 +67,16 @@ def _say(message: str) -> None:
 
 # The runner every framework shares (launcher/runner/program.py), loaded by path: it runs the program
 # exactly as python would, and loads the launcher's other stdlib-only files the same way.
-_spec = importlib.util.spec_from_file_location(
-    "_trainer_launcher_program",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"),
-)
-program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(program)
+if TYPE_CHECKING:  # the same files, as a type checker finds them
+    from launcher.jax.compat import Store
+    from launcher.runner import program
+else:
+    _spec = importlib.util.spec_from_file_location(
+        "_trainer_launcher_program",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"),
+    )
+    program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(program)
 
 
 # Every use of jax's internals, behind feature checks (launcher/jax/compat.py).
@@ -82,7 +89,7 @@ versions = program.core("versions")
 PEER_LOSS = re.compile(rf"{program.core('reasons').PEER_LOSS_WORDS}|Socket closed")
 
 
-def _usage_error(message: str) -> None:
+def _usage_error(message: str) -> NoReturn:
     _say(message)
     sys.exit(2)
 
@@ -188,7 +195,7 @@ def split_go_fd(argv: list[str]) -> tuple[int | None, list[str]]:
     return None, argv
 
 
-def leave(code: int) -> None:
+def leave(code: int) -> NoReturn:
     """Exit now with ``code``: no atexit handlers, so no JAX shutdown barrier waiting for peers
     that will never come."""
     program.leave(code)
@@ -203,7 +210,7 @@ class Session:
     def __init__(self, jax, config: Config):
         self.jax = jax
         self.config = config
-        self.store = None
+        self.store: Store | None = None  # a job of more than one process has one
         self._finishing = threading.Lock()  # the watcher or the main thread, whichever ends us
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -235,7 +242,7 @@ class Session:
 
     def _patch(self) -> None:
         config, jax = self.config, self.jax
-        said = []
+        said: list[bool] = []
 
         def initialize(
             coordinator_address=None, num_processes=None, process_id=None, local_device_ids=None, *args, **kwargs
@@ -268,10 +275,16 @@ class Session:
 
     # --- watching for a peer's failure ------------------------------------------------------------
 
+    def _store(self) -> Store:
+        """The job's store, where the caller knows there is one (the watcher, a finish or stop)."""
+        if self.store is None:
+            raise RuntimeError("the JAX job's coordination store is used where it has none")
+        return self.store
+
     def _watch(self) -> None:
         while not self._closing.is_set():
             try:
-                value = self.store.get(STOP_KEY, WATCH_MS)
+                value = self._store().get(STOP_KEY, WATCH_MS)
             except Exception as error:  # noqa: BLE001 - a timeout, or a store that is gone
                 if "DEADLINE_EXCEEDED" not in str(error):
                     self._closing.wait(WATCH_MS / 1000)  # JAX's own error polling ends us if it is gone
@@ -296,7 +309,7 @@ class Session:
         """Say we read the stop record; process 0 keeps the store up until everyone has."""
         config = self.config
         try:
-            self.store.set(ACK_PREFIX + str(config.process_id), "1", overwrite=True)
+            self._store().set(ACK_PREFIX + str(config.process_id), "1", overwrite=True)
         except Exception:  # noqa: BLE001 - the store is gone: nobody left to read it
             return
         if config.process_id != 0:
@@ -304,7 +317,7 @@ class Session:
         deadline = time.monotonic() + LINGER
         while time.monotonic() < deadline:
             try:
-                if len(self.store.dir_get(ACK_PREFIX)) >= config.num_processes:
+                if len(self._store().dir_get(ACK_PREFIX)) >= config.num_processes:
                     return
             except Exception:  # noqa: BLE001
                 return
@@ -348,14 +361,12 @@ class Session:
         if self._watcher is None:
             return
         try:
-            self.store.barrier(FINISHED_BARRIER, FINISH_TIMEOUT_MS)
+            self._store().barrier(FINISHED_BARRIER, FINISH_TIMEOUT_MS)
         except Exception as error:  # noqa: BLE001 - a peer failed or vanished
             time.sleep(PEER_WAIT)  # its stop record, if any, reaches the watcher meanwhile
             self.failed(1, f"the job's final barrier failed: {program.describe(error)}")
-        try:
-            self.store.set(STOP_KEY, json.dumps({"done": True}), overwrite=False)
-        except Exception:  # noqa: BLE001 - another process woke them first
-            pass
+        with contextlib.suppress(Exception):  # another process woke them first
+            self._store().set(STOP_KEY, json.dumps({"done": True}), overwrite=False)
         self._closing.set()
         self._watcher.join()
 
@@ -429,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except Exception as error:  # noqa: BLE001: jax's own errors and the program's go on as before
+    except Exception as error:  # jax's own errors and the program's go on as before
         if not crash.raised_in_launcher(error):
             raise
         crashed(error, _reports_to[-1] if _reports_to else os.environ.get(REPORT_ENV))

@@ -10,6 +10,7 @@ that environment are the very names the controller injects. Elsewhere they are 1
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -211,13 +212,16 @@ def local_outcome(
         if node.returncode not in (0, None)
     ]
     root = root_cause(said)
-    if root is not None:
+    if root is not None and root.outcome is not None:  # the root is a node that said
         return root.outcome
     if supervisor.received_signal is not None:
         return terminated(supervisor.received_signal)
     # Every failed pod stopped because of another that never said why: the first to go.
-    failed = sorted((n for n in said if n.outcome.reason != Reasons.TERMINATED), key=lambda n: n.failed_at)
-    return failed[0].outcome if failed else success()
+    failed = sorted(
+        ((n.outcome, n.failed_at) for n in said if n.outcome is not None and n.outcome.reason != Reasons.TERMINATED),
+        key=lambda pair: math.inf if pair[1] is None else pair[1],
+    )
+    return failed[0][0] if failed else success()
 
 
 def _node_outcome(index: int, node: Child, workdir: str, codes: frozenset[int], pods: Pods) -> Outcome:
@@ -226,5 +230,5 @@ def _node_outcome(index: int, node: Child, workdir: str, codes: frozenset[int], 
             return Outcome.from_json(json.load(handle))
     except (OSError, ValueError, KeyError):
         return classify(
-            node.returncode, retryable_codes=codes, evidence=node.evidence, what=f"node {pods.pod(index)}"
+            node.exit_status, retryable_codes=codes, evidence=node.evidence, what=f"node {pods.pod(index)}"
         ).on_node(pods.pod(index))

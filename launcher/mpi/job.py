@@ -158,6 +158,7 @@ class MpiPod(CommandPod):
             netwait.wait_until_hosts_accept(plan.wait_hosts, plan.ssh_port, deadline, life.supervisor.sleep, log.info)
 
     def go(self, life: lifecycle.Life) -> None:
+        env = self.env if self.env is not None else settings.environ()  # as CommandPod.go reads it
         if life.plan.rank_reports:
             try:
                 self.reports = RankReports(*self.facing)
@@ -166,12 +167,12 @@ class MpiPod(CommandPod):
                     f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
                     "the failing rank is named from mpirun's output only"
                 )
-                self.env = {REPORT_ENV: "", **self.env}
+                self.env = {REPORT_ENV: "", **env}
             else:
                 life.closing(self.reports.close)
                 # First, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment on
                 # the way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end it.
-                self.env = {**self.reports.env, **self.env}
+                self.env = {**self.reports.env, **env}
         super().go(life)
 
     def root_cause(self, child: Child, cause: RootCause) -> RootCause:

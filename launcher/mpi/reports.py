@@ -4,13 +4,13 @@ keeps every report carrying its token, in the order they arrived."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from dataclasses import dataclass
 
 from launcher.core.listener import TokenListener
 from launcher.mpi.rank import REPORT_ENV
-import contextlib
 
 _LINE_LIMIT = 64 * 1024
 

@@ -64,14 +64,12 @@ def install_keys(mount: str, private_dir: str, source: str = "LAUNCHER_SSH_AUTH_
     """Copy the mounted key into ``private_dir/id_key`` (0600) and the authorized keys (or, failing
     that, the public key) into ``private_dir/authorized_keys``."""
 
-    def read(name: str, required: bool) -> bytes | None:
+    def read(name: str) -> bytes | None:
         path = os.path.join(mount, name)
         try:
             with open(path, "rb") as handle:
                 return handle.read()
         except FileNotFoundError:
-            if required:
-                raise ConfigError(source, mount, f"a directory holding {name} (the Trainer's ssh Secret)") from None
             return None
         except PermissionError:
             raise ConfigError(
@@ -80,8 +78,14 @@ def install_keys(mount: str, private_dir: str, source: str = "LAUNCHER_SSH_AUTH_
                 f"{name} readable by uid {os.getuid()} (mount the Secret with defaultMode 0640 and fsGroup)",
             ) from None
 
-    key = read(PRIVATE_KEY, True)
-    authorized = read(AUTHORIZED_KEYS, False) or read(PUBLIC_KEY, True)
+    def required(name: str) -> bytes:
+        data = read(name)
+        if data is None:
+            raise ConfigError(source, mount, f"a directory holding {name} (the Trainer's ssh Secret)")
+        return data
+
+    key = required(PRIVATE_KEY)
+    authorized = read(AUTHORIZED_KEYS) or required(PUBLIC_KEY)
     write_private(os.path.join(private_dir, "id_key"), key)
     write_private(os.path.join(private_dir, AUTHORIZED_KEYS), authorized)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import importlib.machinery
 import importlib.util
 import io
@@ -40,8 +41,7 @@ import runpy
 import signal
 import sys
 import types
-from typing import NamedTuple
-import contextlib
+from typing import NamedTuple, NoReturn
 
 USAGE = "[--] SCRIPT | -m MODULE | -c CODE | - [ARGS...]"
 ERROR_LIMIT = 1000  # characters of an error in a report
@@ -55,7 +55,7 @@ STACKS_HOOK = os.path.join(os.pardir, "status", "hook", "_trainer_launcher_stack
 # --- the launcher's other files -------------------------------------------------------------------
 
 
-def load_sibling(anchor: str, relative: str, name: str):
+def load_sibling(anchor: str, relative: str, name: str) -> types.ModuleType:
     """The stdlib-only launcher file at ``relative`` to the folder of ``anchor`` (the caller's
     ``__file__``), loaded by path under ``name``: never a name the program's own modules could
     have. Loaded once: a second call, or a module already there under ``name``, returns it."""
@@ -63,6 +63,8 @@ def load_sibling(anchor: str, relative: str, name: str):
         return sys.modules[name]
     path = os.path.join(os.path.dirname(os.path.abspath(anchor)), relative)
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as {name}", name=name, path=path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while it executes
     try:
@@ -73,7 +75,7 @@ def load_sibling(anchor: str, relative: str, name: str):
     return module
 
 
-def core(name: str):
+def core(name: str) -> types.ModuleType:
     """The launcher's stdlib-only ``core/<name>.py`` (crash, versions, reasons), loaded by path
     under ``_trainer_launcher_<name>``."""
     return load_sibling(__file__, os.path.join(os.pardir, "core", f"{name}.py"), f"_trainer_launcher_{name}")
@@ -273,10 +275,8 @@ def describe(error: BaseException | None) -> str | None:
 
 
 def _print_to_stderr(what: object) -> None:
-    try:
+    with contextlib.suppress(Exception):  # no stderr left: python would say nothing either
         print(what, file=sys.stderr, flush=True)
-    except Exception:  # noqa: BLE001 - no stderr left: python would say nothing either
-        pass
 
 
 # --- leaving --------------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def write_report(path: str | None, record: dict) -> bool:
     return True
 
 
-def leave(status: int, interrupted: bool = False) -> None:
+def leave(status: int, interrupted: bool = False) -> NoReturn:
     """Exit now, without exit handlers (a collective's shutdown would wait for peers that are not
     coming), after flushing what the program printed. ``interrupted``: die of SIGINT, as python
     does after a KeyboardInterrupt."""
@@ -310,7 +310,7 @@ def leave(status: int, interrupted: bool = False) -> None:
     os._exit(INTERRUPTED if interrupted else status)
 
 
-def exit_as_python(ending: Ending) -> None:
+def exit_as_python(ending: Ending) -> NoReturn:
     """Exit as python would after the program: exit handlers first, then the status, or SIGINT."""
     if ending.interrupted:
         _die_of_sigint.append(True)

@@ -38,8 +38,10 @@ def rounds(nodes: int) -> list[list[tuple[int, int]]]:
     found = []
     for _ in range(len(seats) - 1):
         half = len(seats) // 2
-        pairs = [(a, b) for a, b in zip(seats[:half], reversed(seats[half:])) if a is not None and b is not None]
-        found.append([tuple(sorted(pair)) for pair in pairs])
+        pairs = [
+            (a, b) for a, b in zip(seats[:half], reversed(seats[half:]), strict=True) if a is not None and b is not None
+        ]
+        found.append([(a, b) if a < b else (b, a) for a, b in pairs])
         seats = [seats[0], seats[-1], *seats[1:-1]]
     return found
 
@@ -52,7 +54,7 @@ def pair_checks(
     ``ratio`` of the median of every node's best is slow, and named."""
     if not pairs:
         return [Check("node-to-node bandwidth", SKIP, detail="one node: no pair")]
-    slowest_pair = min(pairs, key=pairs.get)
+    slowest_pair = min(pairs, key=lambda pair: pairs[pair])
     low = [f"{hosts[a]} <-> {hosts[b]} {gbps:,.2f}" for (a, b), gbps in sorted(pairs.items()) if gbps < floor.value]
     checks = [
         Check(

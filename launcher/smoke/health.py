@@ -87,12 +87,14 @@ def throttle_check(gpus: list[GpuInfo]) -> Check:
     reporting = [g for g in gpus if g.clock_events is not None]
     if not reporting:
         return _unreported(THROTTLE, "clock event reasons")
-    bad, benign = [], Counter()
+    bad: list[str] = []
+    benign: Counter[str] = Counter()
     for gpu in reporting:
-        reasons = [BAD_REASONS[r] for r in gpu.clock_events if r in BAD_REASONS]
+        events = gpu.clock_events or ()
+        reasons = [BAD_REASONS[r] for r in events if r in BAD_REASONS]
         if reasons:
             bad.append(f"{gpu.label()}: {', '.join(reasons)}")
-        benign.update(BENIGN_REASONS[r] for r in gpu.clock_events if r in BENIGN_REASONS)
+        benign.update(BENIGN_REASONS[r] for r in events if r in BENIGN_REASONS)
     if bad:
         return Check(THROTTLE, FAIL, len(bad), 0, "GPUs", source, detail="; ".join(bad))
     detail = ", ".join(f"{reason} on {count}" for reason, count in sorted(benign.items()))
@@ -192,7 +194,7 @@ def ecc_check(gpus: list[GpuInfo]) -> Check:
         for g in reporting
         if g.volatile_dram_uncorrectable
     ]
-    total = sum(g.volatile_dram_uncorrectable for g in reporting)
+    total = sum(g.volatile_dram_uncorrectable or 0 for g in reporting)
     return Check(ECC, FAIL if bad else PASS, total, 0, "errors", source, detail="; ".join(bad))
 
 
@@ -231,7 +233,7 @@ def _bus(pci: str | None) -> tuple[int, int, int] | None:
         return None
     if len(numbers) == 2:
         numbers = [0, *numbers]
-    return tuple(numbers[-3:]) if len(numbers) >= 3 else None
+    return (numbers[-3], numbers[-2], numbers[-1]) if len(numbers) >= 3 else None
 
 
 def _window(seconds: float) -> str:
@@ -294,5 +296,5 @@ def rdma_check(scan: PortScan) -> Check:
         ]
     if slow:
         return Check(RDMA, WARN, len(up), total, "ports ACTIVE", source, op=">=", detail="; ".join(sorted(slow)))
-    rates = sorted({p.rate for p in up if p.rate})
-    return Check(RDMA, PASS, len(up), total, "ports ACTIVE", source, op=">=", detail=", ".join(rates))
+    shown = sorted({p.rate for p in up if p.rate})
+    return Check(RDMA, PASS, len(up), total, "ports ACTIVE", source, op=">=", detail=", ".join(shown))

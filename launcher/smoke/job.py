@@ -176,7 +176,7 @@ def gpu_checks(level, floors: dict[str, Threshold], gpus: int, probe) -> list[Ch
         if without:
             check.detail += f"; no peer access: {', '.join(without)}"
         checks.append(check)
-        seconds, correct, busbw = probe.allreduce(gpus, "nccl", level.allreduce_bytes, level.allreduce_iterations)
+        _, correct, busbw = probe.allreduce(gpus, "nccl", level.allreduce_bytes, level.allreduce_iterations)
         check = at_least(f"NCCL all-reduce, {gpus} GPUs", busbw, floors["busbw_gbps"], "GB/s busbw")
         check.detail = f"{level.allreduce_bytes / (1 << 30):g} GiB messages"
         if not correct:  # a wrong sum fails whatever its speed
@@ -243,7 +243,7 @@ def table(checks: list[Check]) -> str:
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
     lines = []
-    for row, check in zip([header, *rows], [None, *checks]):
+    for row, check in zip([header, *rows], [None, *checks], strict=True):
         lines.append("  ".join(f"{cell:<{widths[i]}}" for i, cell in enumerate(row[:4])) + f"  {row[4]}".rstrip())
         if check is not None and check.detail and check.status != PASS:
             lines.append(f"    {check.detail}")

@@ -124,9 +124,10 @@ def parse_dmesg(text: str, now_s: float, window_s: float) -> list[Xid]:
     for line in text.splitlines():
         match = _DMESG.match(line)
         if match:
-            age: float | None = max(now_s - float(match.group(1)), 0.0)
-            if age > window_s:
+            seen = max(now_s - float(match.group(1)), 0.0)
+            if seen > window_s:
                 continue
+            age: float | None = seen
             message = match.group(2)
         else:
             age, message = None, line
@@ -175,10 +176,10 @@ def read_xids(
         return XidLog(events, "", kmsg, window_s)
     except OSError as error:
         kmsg_error = f"{kmsg}: {error.strerror or error}"
-    code, stdout, error = run_bounded(dmesg, timeout)
+    code, stdout, said = run_bounded(dmesg, timeout)
     if code == 0:
         return XidLog(parse_dmesg(stdout, now, window_s), "", " ".join(dmesg), window_s)
     dmesg_error = (
-        error if code is None else f"{' '.join(dmesg)} exited {code}" + (f": {error.splitlines()[0]}" if error else "")
+        said if code is None else f"{' '.join(dmesg)} exited {code}" + (f": {said.splitlines()[0]}" if said else "")
     )
     return XidLog([], f"kernel log not readable ({kmsg_error}; {dmesg_error})", "", window_s)

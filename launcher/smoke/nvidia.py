@@ -15,6 +15,7 @@ not report ("N/A", absent) is None.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -23,7 +24,6 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-import contextlib
 
 COMMAND = ("nvidia-smi", "-q", "-x")
 # A healthy driver answers -q -x for 8 GPUs in about a second; one that takes this long is
@@ -105,10 +105,8 @@ def run_bounded(argv: Sequence[str], timeout: float) -> tuple[int | None, str, s
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(OSError):
                     os.killpg(process.pid, signal.SIGKILL)
-                try:
-                    process.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    pass  # stuck in the kernel: left to init, the answer does not wait for it
+                with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel: left to init,
+                    process.wait(timeout=2)  # the answer does not wait for it
                 return None, "", f"{name} did not answer within {timeout:g} s"
             out.seek(0)
             err.seek(0)

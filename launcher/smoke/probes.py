@@ -114,7 +114,7 @@ def gpu_bf16_tflops(devices: list[int], seconds: float, n: int = 8192, batch: in
         )
         for d in devices
     }
-    for d, (a, b) in operands.items():
+    for a, b in operands.values():
         a @ b  # warm-up: kernels chosen, clocks up
     for d in devices:
         torch.cuda.synchronize(d)

@@ -15,4 +15,6 @@ def start_watch(life: Life) -> Monitor | None:
     from launcher.status.monitor import start
 
     planned = life.planned
+    if planned is None:  # the lifecycle starts the watch once the pod is planned
+        raise RuntimeError("the status watch is started before the pod's plan is made")
     return start(life.launcher, life.supervisor, node=planned.node, sends=planned.sends, **planned.watch)

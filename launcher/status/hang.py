@@ -37,7 +37,8 @@ _COLLECTIVE = re.compile(
     "|".join(
         [
             *(frame for framework in frameworks() for frame in framework.collective_frames),
-            r"in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter|Barrier|Allreduce|Bcast)\b",
+            r"in (?:all_reduce|allreduce|barrier|broadcast|all_gather|allgather|reduce_scatter"
+            r"|Barrier|Allreduce|Bcast)\b",
         ]
     )
 )
@@ -94,8 +95,8 @@ def _behind(ranks: dict[int, tuple[int | None, float]]) -> tuple[int, ...]:
     reported; () when they all stopped together."""
     if len(ranks) < 2:
         return ()
-    steps = [step for step, _ in ranks.values()]
-    if None not in steps:
+    steps = [step for step, _ in ranks.values() if step is not None]
+    if len(steps) == len(ranks):  # every rank says its step
         lowest, highest = min(steps), max(steps)
         return tuple(sorted(r for r, (s, _) in ranks.items() if s == lowest)) if lowest < highest else ()
     times = [when for _, when in ranks.values()]
@@ -111,9 +112,9 @@ def waiting_on_others(stacks: list[RankStacks], hang: Hang) -> Hang:
     the one that stopped is somewhere else. Only when some ranks are in a collective and some not."""
     if hang.stopped_ranks:
         return hang
-    ranked = [found for found in stacks if found.rank is not None and found.top]
-    waiting = {found.rank for found in ranked if _in_collective(found.top)}
-    elsewhere = tuple(sorted(found.rank for found in ranked if found.rank not in waiting))
+    ranked = [(found.rank, found.top) for found in stacks if found.rank is not None and found.top]
+    waiting = {rank for rank, top in ranked if _in_collective(top)}
+    elsewhere = tuple(sorted(rank for rank, _ in ranked if rank not in waiting))
     if not waiting or not elsewhere:
         return hang
     return replace(hang, stopped_ranks=elsewhere)

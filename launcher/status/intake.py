@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -18,7 +19,6 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from launcher.status.lines import Observation
-import contextlib
 
 SOCKET_ENV = "LAUNCHER_PROGRESS_SOCKET"
 MAX_BODY = 64 * 1024  # the status server's own limit
@@ -152,7 +152,7 @@ def _observation(record: dict, metrics: dict, source: str) -> Observation:
     step = _first_count(record, _STEP_KEYS)
     total = _first_count(record, _TOTAL_KEYS)
     rank = _count(record.get("rank"))
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     for name, value in metrics.items():
         if len(pairs) >= _MAX_METRICS:
             break
@@ -276,7 +276,7 @@ def _handler(relay: Relay) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._status(404, "Not found", "NotFound")
 
-        do_PUT = do_PATCH = do_DELETE = do_GET
+        do_PUT = do_PATCH = do_DELETE = do_GET  # noqa: N815 - http.server dispatches on do_<METHOD>
 
         def _discard_body(self) -> None:
             try:

@@ -82,7 +82,7 @@ class LineParser:
         if "\r" in text:
             text = _last_segment(text)
         if self.pattern is not None:
-            found = self._user(text)
+            found = self._user(self.pattern, text)
             if found is not None:
                 return found
         has_pair, has_bar = "=" in text, "%|" in text
@@ -107,8 +107,8 @@ class LineParser:
             return None
         return Observation(step=step, total=total, metrics=pairs)
 
-    def _user(self, text: str) -> Observation | None:
-        match = self.pattern.search(text)
+    def _user(self, pattern: re.Pattern[str], text: str) -> Observation | None:
+        match = pattern.search(text)
         if match is None:
             return None
         found = ((name, value) for name, value in match.groupdict().items() if value)

@@ -5,9 +5,9 @@ every source the ranks may use (their output lines, ``launcher.progress.report``
 file, and the Kubeflow SDK's or HuggingFace's own status calls, which reach a local relay instead
 of the status server) into one tracker. The one pod that sends for the job (its framework says
 which: the first node, or the launcher pod) turns the tracker into the TrainJob's ``trainerStatus``,
-at most once per interval, and the job's outcome into its final status. With ``--hang-timeout`` the tracker also decides when the
-job has stopped making progress: then every rank's Python stack is taken, the job is torn down,
-and it ends as a retryable ``Hang``.
+at most once per interval, and the job's outcome into its final status. With ``--hang-timeout``
+the tracker also decides when the job has stopped making progress: then every rank's Python stack
+is taken, the job is torn down, and it ends as a retryable ``Hang``.
 
 It changes nothing unless it is wanted: without the status server's variables and without a hang
 timeout, no monitor is made and the ranks' environment is the user's.
@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -71,7 +71,7 @@ class Monitor:
         self.socket = ProgressSocket(os.path.join(self.dir, "progress.sock"))
         self.file = launcher.progress_file or os.path.join(self.dir, "progress.jsonl")
         self.tail = JsonlTail(self.file)
-        self.relay = Relay(urlsplit(server.url).path or "/") if server is not None and relays else None
+        self.relay = Relay(urlsplit(server.url or "").path or "/") if server is not None and relays else None
         self.sender = Sender(server) if server is not None and sends else None
         started, self.started_wall = time.monotonic(), time.time()
         self.watch = None
@@ -124,6 +124,12 @@ class Monitor:
         if self.sender is not None:
             self.sender.start()
             report.observe_delivery(self._final)
+
+    def _attached(self) -> Supervisor:
+        """The supervisor this monitor is attached to: its ticks and hangs come after :meth:`attach`."""
+        if self.supervisor is None:
+            raise RuntimeError("the status monitor is used before it is attached to a supervisor")
+        return self.supervisor
 
     def overrule(self, outcome: Outcome) -> Outcome:
         """The job's outcome, unless we ended it as hung: then the ranks' exits are our teardown."""
@@ -186,7 +192,7 @@ class Monitor:
         if self._changed and self.sender is not None:
             self._changed = False
             self.sender.offer(self._body(now))
-        if self.watch is not None and self.hang is None and self.supervisor.teardown_started is None:
+        if self.watch is not None and self.hang is None and self._attached().teardown_started is None:
             found = self.watch.check(self.tracker, now)
             if found is not None:
                 self._on_hang(found)
@@ -211,7 +217,7 @@ class Monitor:
         rank = found.stopped_ranks[0] if found.stopped_ranks else None
         node = next((s.node for s in taken if s.rank == rank and s.node), self.node)
         self.hang = Outcome.of(Reasons.HANG, message, RootCause(node=node, rank=rank), extra=extra)
-        self.supervisor.begin_teardown()
+        self._attached().begin_teardown()
 
     def _local_stacks(self) -> list:
         """This pod's ranks, by signal, and at the same time those in other pods that answer on
@@ -222,8 +228,8 @@ class Monitor:
 
         remote: list = []
         asking = None
-        if self.board is not None:
-            asking = threading.Thread(target=lambda: remote.extend(self.board.collect()), daemon=True)
+        if (board := self.board) is not None:
+            asking = threading.Thread(target=lambda: remote.extend(board.collect()), daemon=True)
             asking.start()
         taken = stacks.collect(self.stacks_dir)
         if asking is not None:
@@ -239,7 +245,7 @@ class Monitor:
         now: float,
         outcome: Outcome | None = None,
         codes: frozenset[int] = frozenset(),
-        extra: list[tuple[str, str]] = (),
+        extra: Sequence[tuple[str, str]] = (),
     ) -> dict:
         from launcher.status.payload import trainer_status
 
@@ -255,7 +261,8 @@ class Monitor:
         """The job's outcome, as the TrainJob's last status (a delivery observer)."""
         report.forget_delivery(self._final)
         self.done()
-        self.sender.close(self._body(time.monotonic(), outcome, codes))
+        if self.sender is not None:  # it observes delivery only with a sender (attach)
+            self.sender.close(self._body(time.monotonic(), outcome, codes))
 
 
 def outcome_metrics(outcome: Outcome, codes: frozenset[int]) -> list[tuple[str, str]]:

@@ -7,6 +7,7 @@ stores the latest body; the thread sends it when the throttle allows. A problem 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -21,7 +22,6 @@ import launcher
 from launcher.core import log
 from launcher.status.payload import encode
 from launcher.status.settings import StatusEnv
-import contextlib
 
 REQUEST_TIMEOUT = 5.0
 _USER_AGENT = f"trainer-launcher/{launcher.__version__}"
@@ -185,19 +185,17 @@ class Sender:
     def _say(self, write: Callable[[str], None], line: str) -> None:
         if self._token:
             line = line.replace(self._token, "***")
-        try:
+        with contextlib.suppress(Exception):  # a broken log sink must not stop reporting
             write(line)
-        except Exception:  # noqa: BLE001 - a broken log sink must not stop reporting
-            pass
 
     def _read_token(self) -> str:
         try:
             with open(self._token_path or "", encoding="utf-8") as file:
                 token = file.read().strip()
         except (OSError, UnicodeDecodeError) as error:
-            raise _Failure(
-                f"cannot read the token file {self._token_path} ({error.strerror or error})", "token"
-            ) from None
+            # A UnicodeDecodeError has no strerror: reading it there failed as the sender's own error.
+            reason = (error.strerror if isinstance(error, OSError) else None) or error
+            raise _Failure(f"cannot read the token file {self._token_path} ({reason})", "token") from None
         if not token or any(c.isspace() for c in token):
             raise _Failure(f"the token file {self._token_path} is empty or not one token", "token")
         self._token = token

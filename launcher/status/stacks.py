@@ -157,7 +157,8 @@ def _signal_state(pid: int, signum: int) -> tuple[set[str], set[str]]:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return set(), set()  # gone: it will write nothing more
-    pending, blocked = set(), set()
+    pending: set[str] = set()
+    blocked: set[str] = set()
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/status") as handle:

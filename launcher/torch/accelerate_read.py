@@ -57,6 +57,8 @@ def _versions():
     """launcher/core/versions.py, through the runners' loader (launcher/runner/program.py)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py")
     spec = importlib.util.spec_from_file_location("_trainer_launcher_program", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the launcher's runner from {path}", path=path)
     program = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(program)
     return program.core("versions")
@@ -293,7 +295,7 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except SystemExit:
         raise
-    except Exception:  # noqa: BLE001: anything else is this file's bug, said as such (exit 70)
+    except Exception:  # noqa: BLE001 - anything else is this file's bug, said as such (exit 70)
         import traceback
 
         traceback.print_exc()

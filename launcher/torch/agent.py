@@ -14,16 +14,20 @@ Usage (internal): python -m launcher.torch.agent --control-fd FD --status-fd FD 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
 import signal
 import sys
 import threading
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from launcher.core.crash import INTERNAL_ERROR, crash_site, describe, raised_in_launcher
 from launcher.torch import compat
+
+if TYPE_CHECKING:
+    from launcher.torch.peers import Peers
 
 
 def _write_json(path: str, data: object) -> None:
@@ -101,10 +105,8 @@ def _prepare_dump_dir() -> None:
     for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
         prefix = os.environ.get(name)
         if prefix and os.path.dirname(prefix):
-            try:
-                os.makedirs(os.path.dirname(prefix), exist_ok=True)
-            except OSError:
-                pass  # the ranks then log torch's own error on a dump; the job is not at stake
+            with contextlib.suppress(OSError):  # the ranks then log torch's own error on a dump;
+                os.makedirs(os.path.dirname(prefix), exist_ok=True)  # the job is not at stake
             return
 
 
@@ -127,7 +129,7 @@ class Agent:
     def __init__(self, control, status_fd: int, report: str, job: str, grace: float):
         self.control, self.status_fd, self.report, self.job = control, status_fd, report, job
         self.grace = grace
-        self.peers = None
+        self.peers: Peers | None = None
         self.stores: list = []  # torchrun's rendezvous stores, kept until this process exits
         self.workers: list = []
         self.find_workers = lambda: self.workers  # torchrun's ranks, as Popen-like handles
@@ -157,7 +159,7 @@ class Agent:
             code = error.code if isinstance(error.code, int) else 2
             if code:
                 self.finish({"agentError": "torchrun rejected its arguments", "exitCode": code})
-        except Exception as error:  # rendezvous and store failures end up here, and our hooks' bugs
+        except Exception as error:  # noqa: BLE001 - rendezvous and store failures end up here, and our hooks' bugs
             if raised_in_launcher(error):
                 self.crashed(error)
             print(f"trainer-launcher: torchrun failed: {type(error).__name__}: {error}", file=sys.stderr)
@@ -221,7 +223,7 @@ def main(argv: list[str]) -> int:
     agent = Agent(control, int(arg("--status-fd")), arg("--report"), arg("--job"), 25.0)
     try:
         return _run(agent)
-    except Exception as error:  # noqa: BLE001: anything torchrun.main did not raise is ours
+    except Exception as error:  # noqa: BLE001 - anything torchrun.main did not raise is ours
         agent.crashed(error)
 
 
@@ -264,7 +266,10 @@ def _run(agent: Agent) -> int:
     if plan.get("peers"):
         from launcher.torch.peers import PeerConfig, Peers
 
-        peers = agent.peers = Peers(PeerConfig.from_json(plan["peers"]), agent.on_peer_stop, _dump_local_stacks)
+        config = PeerConfig.from_json(plan["peers"])
+        if config is None:  # None only for no peers, and the plan has some
+            raise ValueError(f"the plan's peers are not a peer configuration: {plan['peers']!r}")
+        peers = agent.peers = Peers(config, agent.on_peer_stop, _dump_local_stacks)
         compat.publish_final_failures(lambda failures: peers.publish_stop(_stop_record(failures)))
 
         # On the node serving the job's store, the server lives as long as torchrun's store

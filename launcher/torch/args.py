@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher.core.outcome import ConfigError
@@ -240,7 +241,7 @@ def _line_error(message: str) -> ConfigError:
     return ConfigError("torchrun flags", None, message)
 
 
-def render(given: dict[str, Given | str | bool], order: list[str]) -> list[str]:
+def render(given: Mapping[str, Given | str | bool], order: list[str]) -> list[str]:
     """Flags as a plan writes them: ``--flag value``, or ``--flag=value`` when the value could be
     mistaken for an option (or is empty), ``--flag`` for a switch."""
     argv: list[str] = []

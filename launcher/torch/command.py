@@ -92,9 +92,10 @@ def local(args: argparse.Namespace, overrides: dict[str, Override], rest: list[s
     if args.tune:
         from launcher.torch import tune
 
-        rest = tune.local_words(overrides, rest)
-        if isinstance(rest, int):
-            return rest
+        words = tune.local_words(overrides, rest)
+        if isinstance(words, int):
+            return words
+        rest = words
     # Each emulated pod reads an accelerate line itself, with its own PET_*.
     mode = ["--accelerate"] if args.accelerate else ["--distributed-launch"] if args.distributed_launch else []
     return run_local(

@@ -7,16 +7,21 @@ the agent says so once on stderr ("trainer-launcher: torch 2.4.1: ... is off: ..
 everything else runs as it would with plain torchrun. Verified on torch 2.4.1, 2.8.0, 2.13.0 and
 2.15.0 (tests/test_matrix_torch.py runs each).
 
-| hook                     | patches                                            | without it                                      |
-| bind_workers             | subprocess_handler's Popen (2.8 on: ``Popen``;     | ranks are not killed with a SIGKILLed agent     |
-|                          | 2.4: the module's ``subprocess``)                  | (the launcher's teardown still kills them)      |
-| publish_final_failures   | ``LocalElasticAgent._monitor_workers``             | other nodes hear of a failure when torchrun     |
-|                          |                                                    | exits, after its teardown, not before           |
-| stop_within_grace        | ``PContext.close``'s timeout; ``_stop_workers``    | a rank ignoring SIGTERM holds the node for      |
-|                          | through ``_shutdown(timeout=)`` (torch 2.5+)       | torchrun's own 30 s                             |
-| terminate_once           | ``api._terminate_process_handler``                 | a second SIGTERM may log a "Logging error"      |
-| keep_rendezvous_store    | ``SimpleElasticAgent._rendezvous`` (the agent's    | the store closes when torchrun returns on its   |
-|                          | ``_store`` after it)                               | node: the others may still be using it          |
+| hook                   | patches                                      | without it                              |
+| bind_workers           | subprocess_handler's Popen (2.8 on:          | ranks are not killed with a SIGKILLed   |
+|                        | ``Popen``; 2.4: the module's ``subprocess``) | agent (the launcher's teardown still    |
+|                        |                                              | kills them)                             |
+| publish_final_failures | ``LocalElasticAgent._monitor_workers``       | other nodes hear of a failure when      |
+|                        |                                              | torchrun exits, after its teardown, not |
+|                        |                                              | before                                  |
+| stop_within_grace      | ``PContext.close``'s timeout;                | a rank ignoring SIGTERM holds the node  |
+|                        | ``_stop_workers`` through                    | for torchrun's own 30 s                 |
+|                        | ``_shutdown(timeout=)`` (torch 2.5+)         |                                         |
+| terminate_once         | ``api._terminate_process_handler``           | a second SIGTERM may log a "Logging     |
+|                        |                                              | error"                                  |
+| keep_rendezvous_store  | ``SimpleElasticAgent._rendezvous`` (the      | the store closes when torchrun returns  |
+|                        | agent's ``_store`` after it)                 | on its node: the others may still be    |
+|                        |                                              | using it                                |
 
 Also here, read without importing torch: the installed torchrun's flags (:func:`torchrun_flags`),
 from the source of ``torch/distributed/run.py``, so flags of a newer torchrun pass through and
@@ -75,8 +80,7 @@ def bind_workers(workers: list, in_child) -> bool:
 
         def install(popen) -> None:
             shim = types.ModuleType("subprocess")
-            shim.__dict__.update(vars(subprocess))
-            shim.Popen = popen
+            shim.__dict__.update(vars(subprocess), Popen=popen)
             module.subprocess = shim
 
     if real is None:
@@ -244,7 +248,7 @@ def serves_port(port: int) -> bool | None:
         process = psutil.Process()
         connections = getattr(process, "net_connections", None) or process.connections  # psutil < 6
         return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections("tcp"))
-    except Exception:  # noqa: BLE001: psutil missing, /proc unreadable
+    except Exception:  # noqa: BLE001 - psutil missing, /proc unreadable
         return None
 
 
@@ -285,7 +289,7 @@ def torchrun_flags() -> InstalledTorchrun | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "distributed", "run.py")
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "distributed", "run.py")
     try:
         with open(path, encoding="utf-8") as handle:
             tree = ast.parse(handle.read(), path)
@@ -314,7 +318,7 @@ def _flag_of(node: ast.AST) -> InstalledFlag | None:
     dest = keywords.get("dest")
     name = (
         dest.value
-        if isinstance(dest, ast.Constant)
+        if isinstance(dest, ast.Constant) and isinstance(dest.value, str)
         else next((o for o in options if o.startswith("--")), options[0]).lstrip("-").replace("-", "_")
     )
     switch = action in ("store_true", "store_false", "check_env", "store_const", "count")

@@ -4,6 +4,7 @@ environment Trainer's torch policy injects (PET_*, JOB_COMPLETION_INDEX, HOSTNAM
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from launcher.core import settings
 from launcher.core.outcome import ConfigError, Outcome
@@ -38,7 +39,7 @@ def run_local(
     trainjob: str,
     master_port: str | None,
     isolation: str,
-    mode: list[str] = (),
+    mode: Sequence[str] = (),
 ) -> int:
     """``mode``: ``trainer-launcher torch``'s options that say what the words are (``--accelerate``)."""
 

@@ -29,6 +29,7 @@ Keys live under ``trainer-launcher/``; a JobSet restart brings a new store (each
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -38,7 +39,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-import contextlib
 
 PREFIX = "trainer-launcher/"
 STOP = PREFIX + "stop"
@@ -137,7 +137,7 @@ class Peers:
                     timeout=timedelta(seconds=CONNECT_TIMEOUT),
                     wait_for_workers=False,
                 )
-            except Exception:  # not up yet (the master's agent creates it), or gone
+            except Exception:  # noqa: BLE001 - not up yet (the master's agent creates it), or gone
                 pause.wait(POLL)
         return None
 
@@ -180,7 +180,7 @@ class Peers:
                 self._stacks(store)
                 if store.check([STOP]):
                     record = json.loads(store.get(STOP))
-            except Exception:  # the store's host went away before anyone published a stop record
+            except Exception:  # noqa: BLE001 - the store's host went away before anyone published a stop record
                 record = {"lost": f"{self.config.host}:{self.config.port}"}
         self._watcher_idle.set()  # done with the store: conclude may say so for this node
         with self._lock:
@@ -204,9 +204,9 @@ class Peers:
         store.set(stacks_key(self.config.node_rank), json.dumps({"node": self.config.node, "ranks": self._on_dump()}))
         store.add(DUMPED, 1)
         if self._asked:
-            self._answer(store)
+            self._answer(store, request)
 
-    def _answer(self, store) -> None:
+    def _answer(self, store, request: str) -> None:
         """Every node's stacks (those that answered within DUMP_WAIT), for our launcher."""
         deadline = time.monotonic() + DUMP_WAIT
         while store.add(DUMPED, 0) < self.config.nnodes and time.monotonic() < deadline:
@@ -215,7 +215,7 @@ class Peers:
         for rank in range(self.config.nnodes):
             if store.check([stacks_key(rank)]):
                 answers.append(json.loads(store.get(stacks_key(rank))))
-        done = self.config.dump_request + ".done"
+        done = request + ".done"
         with open(done + ".tmp", "w") as handle:
             json.dump(answers, handle)
         os.replace(done + ".tmp", done)
@@ -235,7 +235,7 @@ class Peers:
                 return
             try:
                 current = store.compare_set(STOP, "", mine).decode()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the store failed: this node's own record stands
                 self.role = "root"
                 return
             self.role = "root" if current == mine else "victim"
@@ -266,7 +266,7 @@ class Peers:
                 key = node_key(rank)
                 if store.check([key]):
                     summaries.append(json.loads(store.get(key)))
-        except Exception:
+        except Exception:  # noqa: BLE001 - never raises: a lost peer costs only time
             return [summary]
         # The watcher's last look at the store is over at once (it waits on _finished), unless it
         # is answering a stacks request.
@@ -278,8 +278,8 @@ class Peers:
                     store.wait([done_key(rank) for rank in others], timedelta(seconds=DONE_WAIT))
             else:
                 store.set(done_key(self.config.node_rank), "1")  # our last word to the store
-        except Exception:
-            pass  # a node published and then vanished: the host waited long enough
+        except Exception:  # noqa: BLE001 - a node published and then vanished: the host waited long enough
+            pass
         return summaries
 
     def serves_store(self) -> bool:
@@ -296,10 +296,8 @@ def _barrier(store, counter: str, flag: str, count: int, timeout: float) -> None
     if store.add(counter, 1) >= count:
         store.set(flag, "1")
         return
-    try:
+    with contextlib.suppress(Exception):  # a node never came, or the host left: we waited long enough
         store.wait([flag], timedelta(seconds=timeout))
-    except Exception:
-        pass  # a node never came, or the host left: we waited long enough
 
 
 def stop_local_ranks(workers: list, grace: float) -> None:

@@ -248,7 +248,8 @@ def plan_torch(
         raise ConfigError(
             "SCRIPT",
             None,
-            "a training script after the options: trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]",
+            "a training script after the options: "
+            "trainer-launcher torch [OPTIONS] -- [TORCHRUN FLAGS] SCRIPT [ARGS...]",
         )
     program = tuple(torchrun_args.program_argv(run.program))
     _check_reads_back(flags + program, typed, planned, run.program)
@@ -378,9 +379,7 @@ def _check_reads_back(argv: tuple[str, ...], typed: dict[str, Given], planned: d
     line = torchrun_args.read(list(argv))
     values = {dest: str(t.value) for dest, t in line.given.items()}
     meant = {
-        dest: str(v.value if isinstance(v, Given) else v)
-        for dest, v in {**planned, **typed}.items()
-        if v is not False
+        dest: str(v.value if isinstance(v, Given) else v) for dest, v in {**planned, **typed}.items() if v is not False
     }
     if line.program != program or values != meant:
         raise ConfigError(

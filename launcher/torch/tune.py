@@ -112,7 +112,7 @@ def resolve(
     config_at = _config_index(recipe_args)
     config = recipe_args[config_at]
     recipe = registry.recipe(recipe_name) if registry else None
-    if recipe is not None:
+    if recipe is not None and registry is not None:
         target, module = os.path.join(registry.root, "recipes", recipe.file_path), False
     elif registry is None and not recipe_name.endswith(".py"):
         raise ConfigError(
@@ -168,10 +168,12 @@ def load_registry() -> Registry | None:
     spec = importlib.util.find_spec("torchtune")  # finds, does not import, a top-level package
     if spec is None or not spec.submodule_search_locations:
         return None
-    package = list(spec.submodule_search_locations)[0]
+    package = next(iter(spec.submodule_search_locations))
     source = os.path.join(package, "_recipe_registry.py")
     try:
         loader_spec = importlib.util.spec_from_file_location("_trainer_launcher_tune_registry", source)
+        if loader_spec is None or loader_spec.loader is None:
+            raise ImportError(f"no loader for {source}")
         module = importlib.util.module_from_spec(loader_spec)
         loader_spec.loader.exec_module(module)
         recipes = module.get_all_recipes()

@@ -32,6 +32,7 @@ is refused is dropped with one line per peer; nothing a peer sends ends the job 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -216,7 +217,7 @@ class _Lookups:
     ):
         self.addresses: dict[str, frozenset[int]] = {}
         self.completed = 0
-        self._names, self._resolve, self._refresh = names, resolve, refresh
+        self.names, self._resolve, self._refresh = names, resolve, refresh
         self._unwatch, self._on_done = unwatch, on_done
         self._lock = threading.Lock()
         self._running = self._again = self._closed = False
@@ -249,12 +250,12 @@ class _Lookups:
             time.sleep(max(0.0, self._last + self._refresh - time.monotonic()))
             self._last = time.monotonic()
             found: dict[str, set[int]] = {}
-            for index, name in enumerate(self._names):
+            for index, name in enumerate(self.names):
                 if self._closed:
                     return
                 try:
                     addresses = self._resolve(name)
-                except Exception:  # a lookup that fails finds nothing; the next one may
+                except Exception:  # noqa: BLE001 - any resolver's failure finds nothing; the next lookup may
                     addresses = set()
                 for address in addresses:
                     found.setdefault(address, set()).add(index)
@@ -264,10 +265,8 @@ class _Lookups:
                 self._result = {address: frozenset(pods) for address, pods in found.items()}
                 again, self._again = self._again, False
                 self._running = again
-                try:
-                    os.write(self._wake_w, b".")
-                except BlockingIOError:
-                    pass  # the loop has a wake word waiting already: it takes the newest result
+                with contextlib.suppress(BlockingIOError):  # the loop has a wake word waiting already:
+                    os.write(self._wake_w, b".")  # it takes the newest result
             if not again:
                 return
 
@@ -365,9 +364,12 @@ class Board:
             self._server.close()
             raise
         self._server.setblocking(False)
-        self._lookups = (
-            _Lookups(peers.names, resolve, refresh, watch, unwatch, self._on_lookup) if peers.kind == "names" else None
-        )
+        self._lookups: _Lookups | None = None
+        if peers.kind == "names":
+            if peers.names is None:
+                self._server.close()
+                raise ValueError("the board's peers are names, but no names are given")
+            self._lookups = _Lookups(peers.names, resolve, refresh, watch, unwatch, self._on_lookup)
         watch(self._server.fileno(), self._accept)
 
     @property
@@ -415,7 +417,7 @@ class Board:
         self._clients[fd] = client
         self._watch(fd, lambda: self._read(fd))
         if not client.trusted:
-            self._lookups.request()
+            self._names().request()
         elif self.record is not None:
             _send(connection, {"stop": self.record})
         if self.done:
@@ -446,6 +448,7 @@ class Board:
     def _consider(self, address: str, record: dict) -> None:
         if self.record is not None:
             return  # the first record won
+        pods: range | frozenset[int] | None
         if self._lookups is None:
             pods = range(self._pods)
         elif (pods := self._lookups.addresses.get(address)) is None:
@@ -461,11 +464,18 @@ class Board:
         self.record = record
         self._broadcast({"stop": record}, trusted_only=True)
         if any(not client.trusted for client in self._clients.values()):
-            self._lookups.request()  # a pod whose name did not resolve yet gets it once it does
+            self._names().request()  # a pod whose name did not resolve yet gets it once it does
         self._on_record(record)
 
+    def _names(self) -> _Lookups:
+        """The lookups of the pods' names: there are some wherever a connection can be untrusted."""
+        if self._lookups is None:
+            raise RuntimeError("the board looks up no names: its peers are not named pods")
+        return self._lookups
+
     def _on_lookup(self) -> None:
-        addresses = self._lookups.addresses
+        lookups = self._names()
+        addresses = lookups.addresses
         for fd, client in list(self._clients.items()):
             if not client.trusted and client.address in addresses:
                 client.trusted = True
@@ -473,13 +483,12 @@ class Board:
                     self._drop(fd)
         waiting, self._pending = self._pending, []
         for address, record, asked in waiting:
-            if self._lookups.completed <= asked:
+            if lookups.completed <= asked:
                 self._pending.append((address, record, asked))  # came while this lookup ran: the next decides
             elif address not in addresses:
                 self._refuse(
                     address,
-                    f"a record from an address that none of the job's pods' names "
-                    f"({self._peers.names[0]}...) resolves to",
+                    f"a record from an address that none of the job's pods' names ({lookups.names[0]}...) resolves to",
                 )
             else:
                 self._consider(address, record)

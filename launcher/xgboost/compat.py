@@ -29,6 +29,7 @@ import os
 import socket
 import stat
 import sys
+from typing import Any
 
 _said: set[str] = set()
 
@@ -65,7 +66,7 @@ def _listening() -> dict[int, tuple[int, int]] | None:
         fds = [int(name) for name in os.listdir("/proc/self/fd") if name.isdigit()]
     except OSError:
         return None
-    found = {}
+    found: dict[int, tuple[int, int]] = {}
     for fd in fds:
         try:
             if not stat.S_ISSOCK(os.fstat(fd).st_mode):
@@ -196,7 +197,7 @@ def stand_in_tracker(package, tracker_module, port: int, num_worker: int, worker
     for the tracker the launcher runs on pod 0: ``start``/``wait_for``/``free`` do nothing and
     ``worker_args()`` is ``worker_args()``; on any other port it is the real one. Return what puts
     the real class back."""
-    real = getattr(tracker_module, "RabitTracker", None)
+    real: Any = getattr(tracker_module, "RabitTracker", None)  # xgboost's class, or None
     try:
         signature = inspect.signature(real.__init__)
     except (TypeError, ValueError, AttributeError):
@@ -208,20 +209,21 @@ def stand_in_tracker(package, tracker_module, port: int, num_worker: int, worker
             "binds that port itself (LAUNCHER_XGBOOST_TRACKER=program runs the tracker yourself)",
         )
         return lambda: None
+    bind = signature.bind
 
     class JobTracker(real):
         """The program's RabitTracker: on DMLC_TRACKER_PORT, the launcher's tracker on pod 0;
         on any other port, a tracker of the program's own."""
 
         def __init__(self, *args, **kwargs):
-            bound = signature.bind(self, *args, **kwargs)
+            bound = bind(self, *args, **kwargs)
             bound.apply_defaults()
             asked = bound.arguments.get("port") or 0
             self._launchers = str(asked).strip().isdigit() and int(asked) == port
             if not self._launchers:
                 super().__init__(*args, **kwargs)
                 return
-            n_workers = bound.arguments.get("n_workers")
+            n_workers: Any = bound.arguments.get("n_workers")  # the program's, whatever it passed
             if not str(n_workers).strip().isdigit() or int(n_workers) != num_worker:
                 raise ValueError(
                     f"RabitTracker(n_workers={n_workers!r}) on port {asked}: the launcher's tracker "

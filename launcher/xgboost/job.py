@@ -22,11 +22,12 @@ Once running, the pods share one stop record through pod 0's board (launcher/xgb
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from launcher import status
 from launcher.core import lifecycle, python_argv
@@ -129,6 +130,10 @@ class _Tracker:
         )
         self._said_pipe = said
 
+    def go_pipe(self) -> lifecycle.GoPipe:
+        """The go pipe of a tracker started early, before the plan."""
+        return _made(self.go, "the early tracker's go pipe")
+
     def _said(self, data: bytes) -> None:
         self.ready = bool(data)
         self._said_pipe.close()
@@ -198,13 +203,13 @@ class XGBoostPod(lifecycle.Pod):
         plan, early = life.plan, self.early_tracker
         if not plan.runs_tracker:
             if early is not None:
-                early.go.close()  # it leaves without a word
+                early.go_pipe().close()  # it leaves without a word
                 life.supervisor.release(early.child)
             return
         if early is not None:
             self.tracker = early
-            early.go.send({"workers": plan.num_worker, "port": plan.tracker_port, "host": plan.tracker_argv[-1]})
-            early.go.close()
+            early.go_pipe().send({"workers": plan.num_worker, "port": plan.tracker_port, "host": plan.tracker_argv[-1]})
+            early.go_pipe().close()
             return
         self.tracker = _Tracker(life, list(plan.tracker_argv))
 
@@ -215,7 +220,7 @@ class XGBoostPod(lifecycle.Pod):
         self.workers = [_Spawned(w, report_path=life.path(f"worker-{w.task_id}.json")) for w in plan.workers]
         reuse = self.early_runner is not None and plan.runner and plan.workers_per_pod == 1
         if self.early_runner is not None and not reuse:
-            self.runner_go.close()
+            _made(self.runner_go, "the early runner's go pipe").close()
             life.supervisor.release(self.early_runner)
         if reuse:
             first = self.workers[0]
@@ -274,40 +279,44 @@ class XGBoostPod(lifecycle.Pod):
             if plan.resolve:
                 netwait.wait_until_resolves(plan.resolve, deadline, supervisor.sleep, log.info)
             if plan.connect:
+                host, port = plan.connect
                 netwait.wait_until_accepts(
-                    *plan.connect, deadline, lambda s: supervisor.sleep(min(s, KNOCK_INTERVAL)), log.info
+                    host, port, deadline, lambda s: supervisor.sleep(min(s, KNOCK_INTERVAL)), log.info
                 )
         except WaitTimeout as error:
             raise WaitTimeout(
                 f"the XGBoost tracker (DMLC_TRACKER_URI:DMLC_TRACKER_PORT, pod 0) never came up "
                 f"within {life.launcher.rendezvous_timeout:g}s: {error}"
             ) from None
-        if self.tracker is not None:
-            while not self.tracker.ready:
+        if (tracker := self.tracker) is not None:
+            while not tracker.ready:
                 if time.monotonic() >= deadline:
                     raise WaitTimeout(
                         f"the XGBoost tracker on {plan.node} did not listen on port "
                         f"{plan.tracker_port} within {life.launcher.rendezvous_timeout:g}s"
                     )
-                supervisor.sleep(max(0.0, deadline - time.monotonic()), until=lambda: self.tracker.ready)
+                supervisor.sleep(max(0.0, deadline - time.monotonic()), until=lambda: tracker.ready)
 
     # --- going ---------------------------------------------------------------------------------
 
     def go(self, life: lifecycle.Life) -> None:
-        self.stops.join()
+        _made(self.stops, "the stop board").join()
         if not life.plan.runner:
             for spawned in self.workers:
                 self._spawn(life, spawned, [])
             return
-        self.joined_pipe.handed()  # the runners hold it now: its end of file means they all left
+        # The runners hold it now: its end of file means they all left.
+        _made(self.joined_pipe, "the joined pipe").handed()
         for spawned in self.workers:
             if spawned.early:
-                self.runner_go.send({"env": {**spawned.worker.env_set, **life.runner_env()}})
-                self.runner_go.close()
+                runner_go = _made(self.runner_go, "the early runner's go pipe")
+                runner_go.send({"env": {**spawned.worker.env_set, **life.runner_env()}})
+                runner_go.close()
         shared = sum(1 for spawned in self.workers if not spawned.early)
         if shared:
-            self.shared_go.send(runner_module.GO_WORD * shared)
-            self.shared_go.close()
+            shared_go = _made(self.shared_go, "the runners' go pipe")
+            shared_go.send(runner_module.GO_WORD * shared)
+            shared_go.close()
         self._watch_joins(life, time.monotonic() + life.launcher.rendezvous_timeout)
 
     def _on_joined(self, data: bytes) -> None:
@@ -322,7 +331,7 @@ class XGBoostPod(lifecycle.Pod):
         while not expected <= self.joined:
             if supervisor.received_signal is not None or supervisor.first_failure is not None:
                 return
-            if all(s.child.returncode is not None for s in self.workers):
+            if all(_made(s.child, "a worker").returncode is not None for s in self.workers):
                 return
             self._post_own_failure(life)
             if time.monotonic() >= deadline:
@@ -382,7 +391,7 @@ class XGBoostPod(lifecycle.Pod):
         codes = life.launcher.retryable_exit_codes
         if any(tracker is not None and first is tracker.child for tracker in (self.tracker, self.early_tracker)):
             outcome = classify(
-                first.returncode,
+                first.exit_status,
                 retryable_codes=codes,
                 evidence=first.evidence,
                 root_cause=RootCause(node=node),
@@ -392,7 +401,7 @@ class XGBoostPod(lifecycle.Pod):
         spawned = self._root_worker(first)
         if spawned is None:  # a runner the plan had sent away: it failed before its go word
             early = classify(
-                first.returncode,
+                first.exit_status,
                 retryable_codes=codes,
                 evidence=first.evidence,
                 what=f"the XGBoost worker started early on {node}",
@@ -414,13 +423,13 @@ class XGBoostPod(lifecycle.Pod):
             and _read_report(s.report_path) is not None
             and not _peer_lost(s)
         ]
-        return min(own, key=lambda s: s.child.exited_at) if own else spawned
+        return min(own, key=_exited_at) if own else spawned
 
     def _worker_outcome(self, life: lifecycle.Life, spawned: _Spawned) -> Outcome:
         from launcher.core.outcome import Outcome, Reasons, RootCause, classify, internal_error, last_lines, signal_name
 
-        child, worker, node = spawned.child, spawned.worker, life.node
-        returncode = child.returncode
+        child, worker, node = _made(spawned.child, "a worker"), spawned.worker, life.node
+        returncode = child.exit_status
         cause = RootCause(
             node=node,
             rank=worker.task_id,
@@ -460,12 +469,28 @@ class XGBoostPod(lifecycle.Pod):
         return outcome.with_extra(**last_lines(child.tail))
 
 
+_T = TypeVar("_T")
+
+
+def _made(value: _T | None, what: str) -> _T:
+    """``value``, which an earlier step of the pod's life made: a clear error where it did not."""
+    if value is None:
+        raise RuntimeError(f"xgboost: {what} is used before it was made")
+    return value
+
+
 def _peer_lost(spawned: _Spawned) -> bool:
     report = _read_report(spawned.report_path)
     if report is not None:
         return bool(report.get("peerLost"))
     # No report (program mode, or killed): what xgboost printed before the end.
-    return bool(runner_module.PEER_LOSS.search("\n".join(spawned.child.tail)))
+    return bool(runner_module.PEER_LOSS.search("\n".join(_made(spawned.child, "a worker").tail)))
+
+
+def _exited_at(spawned: _Spawned) -> float:
+    """When an exited worker exited."""
+    exited_at = _made(spawned.child, "a worker").exited_at
+    return math.inf if exited_at is None else exited_at
 
 
 def _peer_loss_line(child: Child) -> str:

@@ -171,7 +171,7 @@ def plan_xgboost(
     command = python_argv.parse(program)
     tracker_by, tracker_why = _tracker_choice(xgboost, command)
     runner = tracker_by == "launcher" and command is not None
-    if runner:
+    if runner and command is not None:
         argv = (command.interpreter, *command.options, facts.runner, *command.target_argv(), *command.args)
     else:
         argv = tuple(program)

@@ -39,11 +39,13 @@ already; run by hand, a bad value is one line and exit 2).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import sys
+from typing import TYPE_CHECKING, NoReturn  # the runner (program.py) imports typing anyway
 
 # The launcher's options, before the program: pipes it passes, where to report.
 OPTIONS = ("--go-fd", "--joined-fd", "--report")
@@ -57,12 +59,15 @@ _TIME_STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\]\s*")
 
 # The runner every framework shares (launcher/runner/program.py), loaded by path: it runs the program
 # exactly as python would, and loads the launcher's other stdlib-only files the same way.
-_spec = importlib.util.spec_from_file_location(
-    "_trainer_launcher_program",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"),
-)
-program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(program)
+if TYPE_CHECKING:  # the same file, as a type checker finds it
+    from launcher.runner import program
+else:
+    _spec = importlib.util.spec_from_file_location(
+        "_trainer_launcher_program",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"),
+    )
+    program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(program)
 
 
 # Every use of xgboost's internals, behind feature checks (launcher/xgboost/compat.py).
@@ -87,7 +92,7 @@ def _say(message: str) -> None:
     print(f"trainer-launcher: xgboost: {message}", file=sys.stderr, flush=True)
 
 
-def _usage_error(message: str) -> None:
+def _usage_error(message: str) -> NoReturn:
     _say(message)
     sys.exit(2)
 
@@ -281,10 +286,8 @@ def wait_for_go(fd: int | None) -> dict[str, str]:
 def tell_joined(fd: int | None, task_id: int) -> None:
     if fd is None:
         return
-    try:
+    with contextlib.suppress(OSError):  # the launcher is gone; its children die with it
         os.write(fd, f"{task_id}\n".encode())
-    except OSError:
-        pass  # the launcher is gone; its children die with it
     os.close(fd)
 
 
@@ -303,7 +306,7 @@ def report(
 
 
 def describe(error: BaseException | None) -> str | None:
-    if type(error).__name__ == "XGBoostError":
+    if error is not None and type(error).__name__ == "XGBoostError":
         return f"XGBoostError: {error_line(error)}"
     return program.describe(error)
 
@@ -371,7 +374,7 @@ def crashed(error: BaseException) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except Exception as error:  # noqa: BLE001: xgboost's own errors and the program's go on as before
+    except Exception as error:  # xgboost's own errors and the program's go on as before
         if not crash.raised_in_launcher(error):
             raise
         crashed(error)

@@ -127,11 +127,11 @@ class Stops:
         from launcher.core.outcome import Outcome, Reasons, RootCause
 
         node = self.plan.node
-        if self.board is not None:
+        if (board := self.board) is not None:
             if own.exit_code == 0 and self.adopted is None:
-                self.board.finish()
+                board.finish()
             else:  # the others read the record before this pod, and its board, go away
-                self._serve_for(board_module.LINGER, lambda: self.board.clients == 0)
+                self._serve_for(board_module.LINGER, lambda: board.clients == 0)
         elif self.client is not None and own.reason == Reasons.PEER_LOST and self.adopted is None:
             self._serve_for(PEER_WAIT, lambda: self.adopted is not None or self.pod_0_lost)
         if self.adopted is not None:  # board.check_record vouched for its shape, and its pod's address

@@ -31,6 +31,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 # The first line of xgboost's warning for a connection that closed before its handshake; the
 # lines after it that start with "- [" are its causes.
@@ -38,8 +39,8 @@ _PROBE_WARNING = re.compile(r"WARNING: .*Failed to initialize worker proxy")
 
 if __package__:
     from launcher.xgboost.run import compat, error_line
-else:
-    from run import compat, error_line  # run by path: this file's directory is sys.path[0]
+else:  # run by path: this file's directory is sys.path[0]
+    from run import compat, error_line  # type: ignore[import-not-found,no-redef]
 
 
 def _say(message: str) -> None:
@@ -78,7 +79,7 @@ def without_probe_warnings() -> Callable[[], None]:
 _finish_stderr: Callable[[], None] = lambda: None  # noqa: E731
 
 
-def _leave(status: int) -> None:
+def _leave(status: int) -> NoReturn:
     """Exit without the tracker's destructor, which raises again what already failed."""
     sys.stdout.flush()
     _finish_stderr()

@@ -51,7 +51,7 @@ def register():
     fields = {
         "pid": pid,
         "ppid": os.getppid(),
-        "main": "0x%016x" % threading.main_thread().ident,
+        "main": f"0x{threading.main_thread().ident:016x}",
         "rank": _first("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JAX_PROCESS_ID", "DMLC_TASK_ID"),
         "local_rank": _first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
     }
@@ -80,8 +80,9 @@ def _register_signal(directory, fields):
         return
     signum = signal.SIGRTMIN + _SIGNAL_OFFSET
     fields = dict(fields, start=_start_time(), signal=int(signum))
-    dump = open(os.path.join(directory, "%d.stacks" % fields["pid"]), "w")
-    dump.write("# trainer-launcher stacks " + " ".join("%s=%s" % item for item in fields.items()) + "\n")
+    # Open for the life of the process: faulthandler writes each dump to it from a signal handler.
+    dump = open(os.path.join(directory, f"{fields['pid']}.stacks"), "w")  # noqa: SIM115
+    dump.write("# trainer-launcher stacks " + " ".join(f"{key}={value}" for key, value in fields.items()) + "\n")
     dump.flush()
     faulthandler.register(signum, file=dump, all_threads=True, chain=False)
 
@@ -98,7 +99,7 @@ def _stop_answering(thread, state, socket):
     state["stop"] = True
     connection = state.get("connection")
     if connection is not None:
-        try:
+        try:  # noqa: SIM105 - no contextlib: this file imports nothing more into the user's program
             connection.shutdown(socket.SHUT_RDWR)  # its recv returns: the thread leaves
         except OSError:
             pass
@@ -140,11 +141,11 @@ def _answer_board(board, fields, state, json, socket):
                     dump.seek(0)
                     text = dump.read().decode("utf-8", "replace")
                 connection.sendall(json.dumps({"text": text}).encode() + b"\n")
-    except Exception:
+    except Exception:  # noqa: BLE001 - silent: no stacks is better than noise or a crash in the program
         return
 
 
-try:
+try:  # noqa: SIM105 - no contextlib: this file imports nothing more into the user's program
     register()
-except Exception:
+except Exception:  # noqa: BLE001 - never let the hook stop the user's program
     pass  # no stacks for this process is better than a program that does not start

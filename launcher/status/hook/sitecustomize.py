@@ -7,13 +7,13 @@ Python signal handler able to run) still answers, and no ptrace is needed. A rea
 leaves SIGUSR1/SIGUSR2, which programs and schedulers use, alone.
 
 The registration itself is _trainer_launcher_stacks.py, beside this file. This file runs inside
-the user's program: stdlib only, Python 3.8 syntax, silent, and it never raises. Afterwards it runs the sitecustomize this one hides (Debian's and Ubuntu's Pythons ship
-one), as if this directory were not on the path.
+the user's program: stdlib only, Python 3.8 syntax, silent, and it never raises. Afterwards it
+runs the sitecustomize this one hides (Debian's and Ubuntu's Pythons ship one), as if this
+directory were not on the path.
 """
 
 import os
 import sys
-import contextlib
 
 
 def _chain():
@@ -27,23 +27,25 @@ def _chain():
         import sitecustomize  # noqa: F401  (the next one on the path, if any)
     except ImportError as error:
         if getattr(error, "name", None) != "sitecustomize":
-            _note("the next sitecustomize failed: %r" % (error,))
+            _note(f"the next sitecustomize failed: {error!r}")
         if mine is not None:
             sys.modules[__name__] = mine
-    except Exception as error:  # theirs failed: site.py would have said so and gone on
-        _note("the next sitecustomize failed: %r" % (error,))
+    except Exception as error:  # noqa: BLE001 - theirs failed: site.py would have said so and gone on
+        _note(f"the next sitecustomize failed: {error!r}")
     finally:
         sys.path[:] = saved
 
 
 def _note(text):
     """The chained module's own failure, said the way site.py says it (to stderr, once)."""
-    with contextlib.suppress(Exception):
-        sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n%s\n" % text)
+    try:  # noqa: SIM105 - no contextlib: this file imports nothing more into the user's program
+        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{text}\n")
+    except Exception:  # noqa: BLE001 - a stderr that cannot be written must not stop the program
+        pass
 
 
-try:
+try:  # noqa: SIM105 - no contextlib: this file imports nothing more into the user's program
     import _trainer_launcher_stacks  # noqa: F401  (registers on import; the name is ours alone)
-except Exception:
+except Exception:  # noqa: BLE001 - never let the hook stop the user's program
     pass  # no stacks for this process is better than a program that does not start
 _chain()
