@@ -11,9 +11,10 @@ import containers
 from conftest import REPO
 from launcher import __version__
 
-# What the release workflow passes the torch image (.github/workflows/release.yml), so its OCI
-# labels are tested as a release builds them; the other images keep the Dockerfiles' defaults.
-RELEASE_ARGS = {"VERSION": __version__, "SOURCE": "https://example.invalid/trainer-launcher"}
+# The labels the release workflow sets on the torch image (.github/workflows/release.yml), so they
+# are tested as a release builds them; the other images keep the Dockerfiles' defaults.
+OCI = "org.opencontainers.image."
+RELEASE_LABELS = {OCI + "version": __version__, OCI + "source": "https://example.invalid/trainer-launcher"}
 
 
 def revision() -> str:
@@ -49,8 +50,7 @@ def torch_image(engine) -> str:
         "BASE_IMAGE": containers.BASE,
         # The real base carries torch; this one gets the local CPU wheel.
         "TORCH": f"--find-links={wheels} torch==2.13.0",
-        **RELEASE_ARGS, "REVISION": revision(),
-    }, volumes=[f"{wheels}:{wheels}:ro"])
+    }, volumes=[f"{wheels}:{wheels}:ro"], labels={**RELEASE_LABELS, OCI + "revision": revision()})
     return tag
 
 
