@@ -10,7 +10,7 @@ have beside our own two dependencies (pydantic-settings, psutil): the framework 
 
 Disk: a CUDA build of torch is about 6.5 GB installed, most of it `nvidia-*` libraries. Files
 that are byte-identical across environments (the same `nvidia-*` wheel pulled by two torch
-versions) are hard-linked into one copy after each build, and pip keeps no wheel cache here, so
+versions) are hard-linked into one copy after each build (uv links its cache's files in too), so
 the cache holds each distinct file once. ``--list`` prints what it takes.
 
 An environment is complete only once its marker file exists (written last, atomically); a
@@ -121,11 +121,36 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 def _pip(env: Env, *args: str) -> None:
+    if _with_uv(env, args):
+        return
     run_env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_ROOT_USER_ACTION": "ignore",
                "PIP_NO_CACHE_DIR": "1"}
     if env.uncapped:
         run_env["PIP_CONFIG_FILE"] = os.devnull
     subprocess.run([env.python, "-m", "pip", "install", "-q", *args], env=run_env, check=True)
+
+
+def _with_uv(env: Env, requirements: tuple[str, ...]) -> bool:
+    """Install with the uv that tests/install.py put beside this interpreter, given pip's own
+    configuration, as there: it downloads and unpacks a CUDA torch's ~20 wheels in parallel where pip
+    takes them one after another, and hard-links from its cache. An uncapped environment leaves
+    out pip's constraints (the cap). False where uv is missing or fails: pip then installs."""
+    try:
+        from tests.install import _pip_config, uv_options  # python -m tests.matrix_envs
+    except ImportError:
+        from install import _pip_config, uv_options  # imported by the tests (tests/ on sys.path)
+    uv = Path(sys.executable).parent / "uv"
+    if not uv.exists():
+        return False
+    config = _pip_config([sys.executable, "-m", "pip"])
+    if env.uncapped:
+        config.pop("constraint", None)
+    args, uv_env = uv_options(config)
+    done = subprocess.run([str(uv), "pip", "install", "-q", "--python", env.python, *args, *requirements],
+                          env={**os.environ, **uv_env})
+    if done.returncode != 0:
+        print(f"tests.matrix_envs: uv failed for {env.name}; installing with pip", file=sys.stderr)
+    return done.returncode == 0
 
 
 def _build_mpi4py(env: Env) -> None:
