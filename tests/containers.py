@@ -86,7 +86,8 @@ class Engine:
         return self.podman("image", "exists", name, check=False).returncode == 0
 
     def build(self, dockerfile: str, tag: str, build_args: dict[str, str], volumes: list[str] = (),
-              context: Path = REPO, timeout: float = 900, labels: dict[str, str] | None = None) -> None:
+              context: Path = REPO, timeout: float = 900,
+              labels: dict[str, str] | None = None) -> None:
         argv = ["bud", "--isolation", "chroot", "--network", "host", "--layers", "-f", str(context / dockerfile), "-t", tag]
         for name, value in (labels or {}).items():
             argv += ["--label", f"{name}={value}"]

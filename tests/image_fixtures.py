@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
-
 import containers
+import pytest
 from conftest import REPO
+
 from launcher import __version__
 
 # The labels the release workflow sets on the torch image (.github/workflows/release.yml), so they

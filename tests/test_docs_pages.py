@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 import docs_pages
+import pytest
 from conftest import REPO
 
 LAUNCHER = REPO / "launcher"

@@ -16,7 +16,6 @@ import sys
 from importlib import metadata
 
 import pytest
-
 from conftest import REPO
 
 # test id: (module run with ``python -m``, its arguments)

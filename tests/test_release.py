@@ -13,8 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from launcher import __version__
 from tests.install import _pip_config, uv_options
 
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(600)
 
 def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(argv, capture_output=True, text=True, **kwargs)
-    assert result.returncode == 0, f"{' '.join(argv)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    said = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{' '.join(argv)} exited {result.returncode}:\n{said}"
     return result
 
 
@@ -51,7 +52,8 @@ def test_the_sdist_and_the_wheel_pass_twine_check_and_carry_the_one_version(dist
     assert "launcher/status/hook/sitecustomize.py" in names
     assert not [n for n in names if n.startswith("tests/")]
     assert any(n.endswith("/licenses/LICENSE") for n in names), names[-8:]
-    assert f"\nVersion: {__version__}\n" in metadata and "\nLicense-Expression: Apache-2.0\n" in metadata, metadata[:600]
+    assert f"\nVersion: {__version__}\n" in metadata, metadata[:600]
+    assert "\nLicense-Expression: Apache-2.0\n" in metadata, metadata[:600]
     with tarfile.open(sdists[0]) as sdist:
         assert f"trainer_launcher-{__version__}/LICENSE" in sdist.getnames()
 
@@ -78,6 +80,7 @@ def test_the_wheel_in_a_clean_venv_prints_its_version_and_runs_the_demo(dist, tm
     demo = run([str(venv / "bin" / "trainer-launcher"), "local", "--nnodes", "2", "--nproc-per-node", "2", "--",
                 str(REPO / "examples" / "ddp_demo.py"), "--steps", "20"], env=env, cwd=tmp_path, timeout=300)
     # The launcher came from the wheel, not the checkout.
-    where = run([str(venv / "bin" / "python"), "-c", "import launcher; print(launcher.__file__)"], env=env, cwd=tmp_path)
+    where = run([str(venv / "bin" / "python"), "-c", "import launcher; print(launcher.__file__)"],
+                env=env, cwd=tmp_path)
     assert where.stdout.startswith(str(venv)), where.stdout
     assert "world size 4" in demo.stdout + demo.stderr, demo.stdout[-2000:]
