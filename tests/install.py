@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -41,12 +42,23 @@ def _with_uv(python: Path, requirements: list[str]) -> bool:
     pip, uv = [str(python), "-m", "pip"], python.parent / "uv"
     if not uv.exists() and subprocess.run([*pip, "install", "-q", "uv"]).returncode != 0:
         return False
-    args, env = uv_options(_pip_config(pip))
-    done = subprocess.run([str(uv), "pip", "install", "-q", "--python", str(python), *args, *requirements],
-                          env={**os.environ, **env})
-    if done.returncode != 0:
+    if not uv_install(uv, python, requirements, pip=pip):
         print("tests.install: uv failed; installing with pip", file=sys.stderr)
-    return done.returncode == 0
+        return False
+    return True
+
+
+def uv_install(uv: Path, python: Path | str, requirements: Sequence[str], *, pip: Sequence[str] = (),
+               constraints: bool = True) -> bool:
+    """``uv pip install REQUIREMENTS`` into ``python``'s environment with what pip is configured
+    with (asked from ``pip``, by default this interpreter's); ``constraints=False`` leaves pip's
+    constraint files out (an environment above this machine's cap). True when uv succeeded."""
+    config = _pip_config(list(pip) or [sys.executable, "-m", "pip"])
+    if not constraints:
+        config.pop("constraint", None)
+    args, env = uv_options(config)
+    argv = [str(uv), "pip", "install", "-q", "--python", str(python), *args, *requirements]
+    return subprocess.run(argv, env={**os.environ, **env}).returncode == 0
 
 
 def _pip_config(pip: list[str]) -> dict[str, str]:

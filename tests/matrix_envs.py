@@ -136,21 +136,16 @@ def _with_uv(env: Env, requirements: tuple[str, ...]) -> bool:
     takes them one after another, and hard-links from its cache. An uncapped environment leaves
     out pip's constraints (the cap). False where uv is missing or fails: pip then installs."""
     try:
-        from tests.install import _pip_config, uv_options  # python -m tests.matrix_envs
+        from tests.install import uv_install  # python -m tests.matrix_envs
     except ImportError:
-        from install import _pip_config, uv_options  # imported by the tests (tests/ on sys.path)
+        from install import uv_install  # imported by the tests (tests/ on sys.path)
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists():
         return False
-    config = _pip_config([sys.executable, "-m", "pip"])
-    if env.uncapped:
-        config.pop("constraint", None)
-    args, uv_env = uv_options(config)
-    done = subprocess.run([str(uv), "pip", "install", "-q", "--python", env.python, *args, *requirements],
-                          env={**os.environ, **uv_env})
-    if done.returncode != 0:
+    if not uv_install(uv, env.python, requirements, constraints=not env.uncapped):
         print(f"tests.matrix_envs: uv failed for {env.name}; installing with pip", file=sys.stderr)
-    return done.returncode == 0
+        return False
+    return True
 
 
 def _build_mpi4py(env: Env) -> None:

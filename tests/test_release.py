@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 
 from launcher import __version__
-from tests.install import _pip_config, uv_options
+from tests.install import uv_install
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,9 +68,7 @@ def test_the_wheel_in_a_clean_venv_prints_its_version_and_runs_the_demo(dist, tm
     uv = Path(sys.executable).parent / "uv"
     requirements = [wheel, "torch==2.13.0", "numpy"]
     if uv.exists():  # tests/install.py put it in the test venv, and knows pip's configuration
-        args, env = uv_options(_pip_config([sys.executable, "-m", "pip"]))
-        run([str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *args, *requirements],
-            env={**os.environ, **env})
+        assert uv_install(uv, venv / "bin" / "python", requirements), "uv failed (its output is above)"
     else:
         run([sys.executable, "-m", "venv", "--upgrade-deps", str(venv)])
         run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *requirements])
