@@ -630,14 +630,15 @@ def hub_server():
 @dataclass
 class Fault:
     path_glob: str
-    kind: str  # fail | stall | drop_after | truncate | corrupt | slow
+    kind: str  # fail | stall | drop_after | truncate | corrupt | slow | capped
     params: dict
     times: int | None  # None: forever
     method: str | None
     fired: int = 0
+    next_slot: float = 0.0  # capped: when the next slice of any body it throttles may go
 
 
-BODY_FAULTS = {"drop_after", "truncate", "corrupt", "slow"}
+BODY_FAULTS = {"drop_after", "truncate", "corrupt", "slow", "capped"}
 
 
 class _ProxyHandler(_Handler):
@@ -687,12 +688,18 @@ class _ProxyHandler(_Handler):
             data = data[:offset] + bytes([data[offset] ^ 0xFF]) + data[offset + 1:]
         if kind in ("drop_after", "truncate"):
             data = data[:params["n_bytes"]]
-        rate = params.get("bytes_per_second") if kind == "slow" else None
+        rate = params.get("bytes_per_second") if kind in ("slow", "capped") else None
         step = max(1, rate // 20) if rate else len(data) or 1
         for start in range(0, len(data), step):
             self.wfile.write(data[start:start + step])
-            if rate:
+            if kind == "slow":
                 time.sleep(step / rate)
+            elif kind == "capped":  # every body this fault throttles shares the one rate
+                with self.server.owner._lock:
+                    now = time.monotonic()
+                    fault.next_slot = max(now, fault.next_slot) + step / rate
+                    wait = fault.next_slot - now
+                time.sleep(wait)
         if kind == "drop_after":  # abortive close: the client sees a connection reset
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.connection.close()
@@ -710,7 +717,8 @@ class FaultProxy:
       drop_after(n_bytes)       send the headers and n_bytes of body, then reset the connection (RST)
       truncate(n_bytes)         the same, but close in order (FIN): the body ends short of Content-Length
       corrupt(offset=len//2)    flip one byte of the body (same length)
-      slow(bytes_per_second)    throttle the body
+      slow(bytes_per_second)    throttle the body: each body at this rate
+      capped(bytes_per_second)  throttle the bodies together: all that this fault matches share the rate
     fail/stall count a match on any request; body faults only on a 200/206 answer with a body (HEADs or
     errors do not use them up). The first fault that matches and has times left is used.
     ``requests``: (method, raw path, Range header) seen, like the hub's.
@@ -730,7 +738,7 @@ class FaultProxy:
     def inject(self, path_glob: str, kind: str, times: int | None = 1, method: str | None = None, **params) -> Fault:
         assert kind in BODY_FAULTS | {"fail", "stall"}, kind
         assert kind not in ("drop_after", "truncate") or "n_bytes" in params, "needs n_bytes="
-        assert kind != "slow" or params.get("bytes_per_second", 0) > 0, "needs bytes_per_second="
+        assert kind not in ("slow", "capped") or params.get("bytes_per_second", 0) > 0, "needs bytes_per_second="
         fault = Fault(path_glob, kind, params, times, method)
         with self._lock:
             self.faults.append(fault)

@@ -30,19 +30,20 @@ import hashlib
 import json
 import os
 import random
-import re
 import stat
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from launcher.initializers.checksum import Checksum, multipart_etag
+from launcher.initializers.checksum import Checksum
 from launcher.initializers.commit import Committer, Done
 from launcher.initializers.errors import CorruptDataError, TransientError, local_source_error
+from launcher.initializers.lanes import Lanes
 from launcher.initializers.listing import RemoteFile, Source, refuse_clashes, safe_destination
 from launcher.initializers.progress import Progress
+from launcher.initializers.ranges import CHUNK as RANGE_CHUNK
+from launcher.initializers.ranges import fetch_ranges
 from launcher.initializers.state import (
     NO_LINK,
     STATE_DIR,
@@ -65,18 +66,6 @@ class Summary:
     resumed_bytes: int = 0
     seconds: float = 0.0
     paths: list[str] = field(default_factory=list)
-
-
-_MD5_HEX = re.compile(r"[0-9a-f]{32}")
-
-
-def _part_digests_fit(found, length: int, part_size: int) -> bool:
-    """A resume record's part digests for a range of ``length`` bytes: one md5 per part."""
-    return (
-        isinstance(found, list)
-        and len(found) == -(-length // part_size)
-        and all(_MD5_HEX.fullmatch(str(d)) for d in found)
-    )
 
 
 # The kernel declines to copy between these two files this way: try the next way.
@@ -109,8 +98,10 @@ class Engine:
         sleep: Callable[[float], None] = time.sleep,
         ranged_min: int = 64 << 20,
     ):
-        self.ranged_min = ranged_min  # files this big go as parallel byte ranges (if the source allows)
-        self._ranges_per_file = concurrency  # set by run(): the lanes the large files share
+        self.ranged_min = ranged_min  # files this big go as byte ranges, resumable by segment (if the source allows)
+        self._lanes = Lanes(
+            concurrency, lambda: 0, min(chunk_size, RANGE_CHUNK)
+        )  # set by _run(), on the run's progress
         self.source, self.target = source, target
         self.concurrency, self.chunk_size, self.retries = concurrency, chunk_size, retries
         self.log, self.sleep = log, sleep
@@ -175,12 +166,8 @@ class Engine:
         return file.size is not None and file.size >= self.ranged_min and self.source.supports_range
 
     def _run(self, todo, destinations, summary: Summary, total: int) -> Summary:
-        # The large files share the lanes: one file gets all of them, three get two each, eight or
-        # more get one each (a whole-object GET, resumable by range). Every range is one more
-        # request the server must seek for; a server that reads the whole object to serve a range
-        # (moto: an 8 MiB range of a 256 MiB object at 6% of a plain GET's rate) pays per range.
-        self._ranges_per_file = max(1, self.concurrency // max(1, sum(map(self._ranged, todo))))
         with Progress(len(todo), total, self.log) as progress, ThreadPoolExecutor(self.concurrency) as pool:
+            self._lanes = Lanes(self.concurrency, lambda: progress.bytes, min(self.chunk_size, RANGE_CHUNK))
             futures = {pool.submit(self._fetch_with_retries, f, destinations[f.path], progress): f for f in todo}
             done, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for future in pending:
@@ -214,6 +201,13 @@ class Engine:
         os.unlink(self.journal_path)
 
     def _fetch_with_retries(self, file: RemoteFile, destination: str, progress: Progress) -> int:
+        self._lanes.enter()
+        try:
+            return self._fetch_retried(file, destination, progress)
+        finally:
+            self._lanes.leave()
+
+    def _fetch_retried(self, file: RemoteFile, destination: str, progress: Progress) -> int:
         attempt = 0
         while True:
             try:
@@ -249,7 +243,9 @@ class Engine:
                 file, part, meta_path if has_meta or meta else None, None, start, destination, progress, resumed
             )
         if self._ranged(file):
-            resumed, digest = self._fetch_ranges(file, part, meta_path, meta if same_source else {}, progress)
+            resumed, digest = fetch_ranges(
+                self.source, file, part, meta_path, meta if same_source else {}, progress, self.chunk_size, self._lanes
+            )
             start = os.lstat(part).st_size
         else:
             start, checksum, resumed = self._fetch_stream(file, part, meta_path, same_source, progress)
@@ -289,98 +285,6 @@ class Engine:
                 os.unlink(part)
                 raise
         return start, checksum, resumed
-
-    def _fetch_ranges(
-        self, file: RemoteFile, part: str, meta_path: str, meta: dict, progress: Progress
-    ) -> tuple[int, str | None]:
-        """Parallel byte ranges written in place; finished ranges are recorded, so a rerun after a
-        crash fetches only the ranges that were not complete. Returns (bytes resumed, the file's
-        digest in its checksum's kind).
-
-        A multipart checksum is computed while the bytes arrive: each range starts on a part
-        boundary and hashes its own parts (kept in the record with the range, for a resume), so
-        the file is never read again. Any other checksum is a single sequential hash: one pass
-        over the finished file."""
-        size = file.size
-        if size is None:  # _ranged: only a file of known size is fetched in ranges
-            raise ValueError(f"{file.path}: byte ranges of a file whose size is unknown")
-        kind = file.checksum[0] if file.checksum else None
-        part_size = Checksum(kind, size).part_size
-        segment = max(self.chunk_size, -(-size // self._ranges_per_file))
-        if part_size:
-            segment = -(-segment // part_size) * part_size
-        began = meta.get("segment")
-        if type(began) is int and began >= self.chunk_size and not began % (part_size or 1):
-            segment = began  # a resume keeps the ranges it began with, whatever is left to fetch now
-        kept_segments = meta.get("segments")
-        done = (
-            {o for o in kept_segments if type(o) is int and 0 <= o < size and o % segment == 0}
-            if isinstance(kept_segments, list)
-            else set()
-        )
-        kept = meta.get("digests")
-        if not isinstance(kept, dict):
-            kept = {}
-        if part_size:  # a range counts as done only with its parts' digests (the record is not trusted)
-            done = {
-                offset
-                for offset in done
-                if _part_digests_fit(kept.get(str(offset)), min(offset + segment, size) - offset, part_size)
-            }
-        resumed = sum(min(segment, size - offset) for offset in done)
-        if not done:
-            with open_part(part, "wb") as out:
-                out.truncate(size)
-        record: dict[str, object] = {
-            "path": file.path,
-            "version": file.version,
-            "segment": segment,
-            "segments": sorted(done),
-        }
-        digests: dict[str, list[str]] = {str(offset): kept[str(offset)] for offset in done} if part_size else {}
-        if part_size:
-            record["digests"] = digests
-        write_json(meta_path, record)
-        lock = threading.Lock()
-        fd = os.open(part, os.O_WRONLY | NO_LINK)
-
-        def fetch(offset: int) -> None:
-            position = offset
-            hashed = Checksum(kind if part_size else None, None)
-            end = offset + segment if offset + segment < size else None  # the last range: to the end (one: a plain GET)
-            for chunk in self.source.read(file, offset, self.chunk_size, end):
-                os.pwrite(fd, chunk, position)
-                hashed.update(chunk)
-                position += len(chunk)
-                progress.add(len(chunk))
-            if position != min(offset + segment, size):
-                raise TransientError(f"range at {offset}: got {position - offset} bytes")
-            with lock:
-                done.add(offset)
-                record["segments"] = sorted(done)
-                if part_size:
-                    digests[str(offset)] = [d.hex() for d in hashed.part_digests()]
-                write_json(meta_path, record)
-
-        try:
-            todo = [o for o in range(0, size, segment) if o not in done]
-            with ThreadPoolExecutor(min(self.concurrency, max(len(todo), 1))) as pool:
-                for future in [pool.submit(fetch, offset) for offset in todo]:
-                    future.result()
-        except CorruptDataError:
-            os.unlink(part)
-            raise
-        finally:
-            os.close(fd)
-        if part_size:
-            return resumed, multipart_etag([bytes.fromhex(d) for o in sorted(done) for d in digests[str(o)]])
-        if kind is None:
-            return resumed, None
-        checksum = Checksum(kind, size)
-        with open_part(part, "rb") as written:  # ranges arrive out of order: hash in one pass
-            while block := written.read(1 << 20):
-                checksum.update(block)
-        return resumed, checksum.hexdigest()
 
     def _commit(
         self,

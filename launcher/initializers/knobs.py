@@ -21,7 +21,8 @@ INIT_KNOBS: dict[str, Knob] = {
     "ranged_min": Knob(
         "LAUNCHER_INIT_RANGED_MIN",
         "--ranged-min",
-        "files this big (bytes) are fetched as parallel byte ranges (default 64 MiB)",
+        "files this big (bytes) are fetched by segments, resumable, and split into parallel byte ranges "
+        "while one more stream raises the rate (default 64 MiB)",
     ),
     "extract": Knob("LAUNCHER_INIT_EXTRACT", "--extract", "https: extract a .tar.gz/.tgz/.zip into the target (1/0)"),
     "lease_ttl": Knob(
