@@ -10,6 +10,13 @@
 #   - except at a terminal (`docker run -it IMAGE bash`): an interactive shell needs the
 #     terminal itself, not the launcher's output relay, so it runs directly.
 # Keep the list in step with launcher/cli.py (tests/test_images.py checks it).
+#
+# First, in the torch image (LAUNCHER_RUN_AS=1000), a start as root gives a root-owned /workspace
+# to that user and drops to it before anything else runs (run-as.py says why). LAUNCHER_RUN_AS=0
+# keeps root. Under Kubernetes the image runs as the runtimes' runAsUser: not root, nothing to do.
+if [ -n "${LAUNCHER_RUN_AS:-}" ] && [ "$LAUNCHER_RUN_AS" != 0 ] && [ "$(id -u)" = 0 ]; then
+  exec /opt/trainer-launcher/venv/bin/python -I -S /opt/trainer-launcher/run-as "$LAUNCHER_RUN_AS" "$0" "$@"
+fi
 case "${1:-}" in
   ""|-*|torch|plan|mpi|jax|xgboost|exec|local|init|policy|smoke) exec trainer-launcher "$@" ;;
 esac

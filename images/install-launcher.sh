@@ -32,6 +32,7 @@ fi
 install -d -m 0755 "$PREFIX/shims"
 for shim in ${SHIMS:-}; do install -m 0755 "$src/images/shims/$shim" "$PREFIX/shims/$shim"; done
 install -m 0755 "$src/images/entrypoint.sh" "$PREFIX/entrypoint"
+install -m 0644 "$src/images/run-as.py" "$PREFIX/run-as"
 printf '%s\n' "$PATH" > "$PREFIX/image-path"
 install -d -m 0755 /etc/profile.d
 install -m 0644 "$src/images/profile.sh" /etc/profile.d/trainer-launcher.sh

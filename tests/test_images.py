@@ -1,6 +1,7 @@
 """Dockerfile.torch and Dockerfile.mpi, built with buildah and run with podman as a cluster would
-run them: as uid 1000, with the Trainer's environment, its read-only ssh Secret and hostfile,
-the SDK's own `torchrun` and `mpirun` commands. See tests/containers.py for what stands in for the
+run them: as uid 1000 (a pod as the runtimes' securityContext says; docker and podman start the
+torch image as root, and its entrypoint drops to uid 1000), with the Trainer's environment, its
+read-only ssh Secret and hostfile, the SDK's own `torchrun` and `mpirun` commands. See tests/containers.py for what stands in for the
 cluster (a bootstrapped Debian base instead of the PyTorch CUDA image; an internal podman bridge
 instead of the pod network). Nothing here is mocked but the GPU: the torch image runs on CPU.
 """
@@ -77,12 +78,20 @@ def trainer_env(nnodes: int, nproc: int, rank: int) -> list[str]:
     return [word for name, value in env.items() for word in ("-e", f"{name}={value}")]
 
 
-def test_torch_image_runs_as_uid_1000_with_a_writable_home_and_workspace(engine, torch_image):
+@pytest.mark.parametrize("how", ["docker-run", "kubernetes-pod"])
+def test_torch_image_runs_as_uid_1000_with_a_writable_home_and_workspace(engine, torch_image, how):
+    # docker/podman: started as root, the entrypoint drops to uid 1000 (and its home) before the
+    # command runs. A pod: the runtime's runAsUser, with a `command:` in place of the entrypoint.
     version = engine.run(torch_image, "--version")
     assert version.returncode == 0 and version.stdout.strip() == f"trainer-launcher {__version__}"
-    who = engine.run(torch_image, "-c", "id -u; touch $HOME/x /workspace/x && echo writable; command -v torchrun",
-                     options=["--entrypoint", "sh"])
-    assert who.stdout.split() == ["1000", "writable", "/opt/trainer-launcher/shims/torchrun"], who.stderr
+    script = "id -u; id -G; echo $HOME; touch $HOME/x /workspace/x && echo writable; command -v torchrun"
+    if how == "kubernetes-pod":
+        who = engine.run(torch_image, "-c", script, options=["--user", "1000:1000", "--entrypoint", "sh"])
+    else:
+        who = engine.run(torch_image, "sh", "-c", script)
+    uid, groups, home, *rest = who.stdout.split()
+    assert (uid, groups, rest) == ("1000", "1000", ["writable", "/opt/trainer-launcher/shims/torchrun"]), who.stderr
+    assert home.startswith("/home/"), home
 
 
 def test_torch_image_plans_from_the_trainer_env(engine, torch_image):
@@ -120,7 +129,7 @@ def sdk_torchrun(engine, image, tmp_path, *env: str,
     termination.touch(mode=0o666)
     termination.chmod(0o666)
     result = engine.run(image, *command[1:], options=[
-        "--entrypoint", command[0], "--hostname", f"{TJ}-node-0-0", "--add-host", f"{TJ}-node-0-0.{TJ}:127.0.0.1",
+        "--user", "1000:1000", "--entrypoint", command[0], "--hostname", f"{TJ}-node-0-0", "--add-host", f"{TJ}-node-0-0.{TJ}:127.0.0.1",
         *trainer_env(1, 2, 0), "-v", PROGRAMS, "-v", f"{reports}:/reports", "-e", "REPORT_DIR=/reports",
         "-v", f"{termination}:/dev/termination-log", *env])
     return result, termination
@@ -248,12 +257,12 @@ def test_at_a_terminal_the_command_runs_directly(engine, torch_image):
     assert result.returncode == 0 and result.stdout.strip() == "sh", result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("user, uid", [(None, "1000"), ("0", "0")])
-def test_a_login_shell_keeps_the_shim_and_the_venv_on_path(engine, torch_image, user, uid):
+@pytest.mark.parametrize("options, uid", [([], "1000"), (["--user", "0"], "1000"), (["-e", "LAUNCHER_RUN_AS=0"], "0")])
+def test_a_login_shell_keeps_the_shim_and_the_venv_on_path(engine, torch_image, options, uid):
     # Debian's /etc/profile sets PATH anew for login shells; the SDK's trainer is `bash -lc`.
+    # docker/podman start as root whether or not `--user 0` says so; LAUNCHER_RUN_AS=0 keeps root.
     result = engine.run(torch_image, "bash", "-lc", "id -u; command -v torchrun python; "
-                        "python -c 'import sys; print(sys.executable)'; echo $PATH",
-                        options=["--user", user] if user else [])
+                        "python -c 'import sys; print(sys.executable)'; echo $PATH", options=options)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.split()
     assert lines[:4] == [uid, "/opt/trainer-launcher/shims/torchrun", "/opt/trainer-launcher/shims/python",
@@ -336,23 +345,40 @@ def test_python_in_the_sdk_initializer_shell_is_the_launchers(engine, torch_imag
                                      "/app"], result.stderr
 
 
-def test_a_root_owned_workspace_is_named_once_at_start(engine, torch_image, tmp_path):
-    # The SDK's /workspace: made by root, 0755. The initializer (an `init` under the entrypoint's
-    # `exec`) cannot write there: one warning line says why and what to do, then init fails.
+def test_a_root_owned_workspace_is_given_to_uid_1000_and_the_sdks_initializer_writes_there(engine, torch_image, tmp_path):
+    # The SDK's /workspace, made by root, 0755, and its initializer command, as it runs it: the
+    # entrypoint (root) gives the directory, not what is in it, to uid 1000, then drops to it.
     source, workspace = source_tree(tmp_path), workspace_dir(tmp_path, 0o755)
+    (workspace / "kept").write_text("root's")
     result = engine.run(torch_image, "bash", "-c", "python -m pkg.initializers.dataset", options=[
         "--workdir", "/app", "-v", f"{source}:/source:ro", "-v", f"{workspace}:/workspace",
         "-e", "STORAGE_URI=file:///source", "-e", "OUTPUT_PATH=/workspace/dataset"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning" not in result.stderr, result.stderr[-3000:]
+    assert (workspace / "dataset" / "train" / "part-0.txt").read_text() == "hello\n" * 1000
+    assert workspace.stat().st_uid == 1000 and (workspace / "dataset").stat().st_uid == 1000
+    assert (workspace / "kept").stat().st_uid == 0
+
+
+def test_a_root_owned_workspace_is_named_once_at_start_in_a_pod_that_cannot_write_it(engine, torch_image, tmp_path):
+    # A pod as uid 1000 (a `command:`, no entrypoint) on a root-owned volume without fsGroup: the
+    # initializer cannot write there; one warning line says why and what to do, then init fails.
+    source, workspace = source_tree(tmp_path), workspace_dir(tmp_path, 0o755)
+    result = engine.run(torch_image, "init", "dataset", options=[
+        "--user", "1000:1000", "--entrypoint", "trainer-launcher", "-v", f"{source}:/source:ro",
+        "-v", f"{workspace}:/workspace", "-e", "STORAGE_URI=file:///source"])
     assert result.returncode != 0
     warnings = [line for line in result.stderr.splitlines() if "warning: /workspace" in line]
     assert len(warnings) == 1, result.stderr[-3000:]
-    for words in ("/workspace is owned by uid 0 (mode 0755)", "runs as uid 1000", "--user 0", "APP_UID=0"):
+    for words in ("/workspace is owned by uid 0 (mode 0755)", "runs as uid 1000", "securityContext.fsGroup: 1000",
+                  "without --user"):
         assert words in warnings[0]
 
 
 def test_a_root_owned_workspace_does_not_fail_a_job_that_never_writes_there(engine, torch_image, tmp_path):
     workspace = workspace_dir(tmp_path, 0o755)
-    result = engine.run(torch_image, "bash", "-lc", "echo trained", options=["--workdir", "/workspace", "-v", f"{workspace}:/workspace"])
+    result = engine.run(torch_image, "bash", "-lc", "echo trained", options=[
+        "--user", "1000:1000", "--workdir", "/workspace", "-v", f"{workspace}:/workspace"])
     assert result.returncode == 0 and result.stdout.strip() == "trained", result.stderr
     assert result.stderr.count("warning: /workspace is owned by uid 0") == 1
 
@@ -537,8 +563,9 @@ def torchtune_image(engine) -> str:
 
 
 def pod(hostname: str = f"{TJ}-node-0-0", **env: str | int) -> list[str]:
-    """podman options for a Trainer pod: its hostname, the master's DNS name, the injected env."""
-    return ["--hostname", hostname, "--add-host", f"{TJ}-node-0-0.{TJ}:127.0.0.1",
+    """podman options for a Trainer pod: the runtimes' runAsUser, its hostname, the master's DNS
+    name, the injected env."""
+    return ["--user", "1000:1000", "--hostname", hostname, "--add-host", f"{TJ}-node-0-0.{TJ}:127.0.0.1",
             *[word for name, value in env.items() for word in ("-e", f"{name}={value}")]]
 
 

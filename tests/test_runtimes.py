@@ -609,3 +609,18 @@ def test_there_is_an_example_trainjob_for_every_framework():
     runtime_framework = {d["metadata"]["name"]: FRAMEWORK_OF[n] for n, d in DOCS.items()}
     for name, doc in examples.items():
         assert name == f"trainjob-{runtime_framework[doc['spec']['runtimeRef']['name']]}.yaml"
+
+
+# --- who the pods run as --------------------------------------------------------------------
+
+TORCH_FAMILY = {n for n, framework in FRAMEWORK_OF.items() if framework in ("torch", "jax", "xgboost", "torchtune")}
+
+
+@pytest.mark.parametrize("name", sorted(TORCH_FAMILY))
+def test_every_pod_of_the_torch_images_runtimes_runs_as_uid_1000_never_root(name):
+    """The torch image starts as root for docker/podman (its entrypoint drops to uid 1000); a
+    TrainJob's `command:` replaces that entrypoint, so these pods say who they run as: uid 1000,
+    never root, and fsGroup 1000 so that a new volume (root's) is theirs to write."""
+    for rjob_name, rjob in replicated_jobs(DOCS[name]).items():
+        context = pod_spec(rjob).get("securityContext", {})
+        assert context == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}, rjob_name

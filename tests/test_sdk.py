@@ -221,17 +221,11 @@ def job_name(what: str) -> str:
     return f"{JOB_PREFIX}{what}-{os.getpid() % 10000}"
 
 
-def workspace_for(name: str) -> Path:
-    """What a user running the SDK as root does for our uid-1000 image: the SDK bind-mounts
-    ~/.kubeflow/trainer/containers/<job> at /workspace, creating it root-owned 0755 unless it
-    exists, and gives no way to choose the container's user. Choose the job's name
-    (options=[Name(...)]) and create that directory first, owned by uid 1000. (Or build the
-    image with --build-arg APP_UID=0. The directory belongs to whoever runs the SDK: on a rootful
-    engine such as Docker, a user whose uid is 1000 needs neither.)"""
-    workspace = Path.home() / ".kubeflow" / "trainer" / "containers" / name
-    workspace.mkdir(parents=True)
-    os.chown(workspace, APP_UID, APP_UID)
-    return workspace
+def sdk_workspace(name: str) -> Path:
+    """Where the SDK keeps a job's /workspace: it makes the directory itself, root-owned 0755, and
+    offers no way to choose the container's user. Nothing here prepares it: our image, started as
+    root, gives it to uid 1000 and drops to that uid (images/run-as.py)."""
+    return Path.home() / ".kubeflow" / "trainer" / "containers" / name
 
 
 def final_launcher_line(output: str) -> str:
@@ -242,7 +236,6 @@ def final_launcher_line(output: str) -> str:
 
 def test_two_node_custom_trainer_all_reduces_through_the_launcher(sdk, runtime_image):
     name = job_name("allreduce")
-    workspace_for(name)
     start = time.monotonic()
     sdk.train(name, runtime=sdk.client.get_runtime("torch-distributed"),
               trainer=CustomTrainer(func=gloo_allreduce, num_nodes=2))
@@ -260,7 +253,6 @@ def test_two_node_custom_trainer_all_reduces_through_the_launcher(sdk, runtime_i
 
 def test_a_failing_rank_fails_the_sdk_job_within_seconds_and_is_named(sdk, engine):
     name = job_name("rank1-exits-3")
-    workspace_for(name)
     start = time.monotonic()
     sdk.train(name, runtime=sdk.client.get_runtime("torch-distributed"),
               trainer=CustomTrainer(func=rank_1_exits_3, num_nodes=2))
@@ -301,7 +293,8 @@ def test_sdk_initializers_run_in_our_image(sdk, s3_server, hub_server, gateway_r
     hub_server.add_repo("tl-sdk/tiny-model", model, lfs_paths={"model.safetensors"})
 
     name = job_name("initializers")
-    workspace = workspace_for(name)
+    workspace = sdk_workspace(name)
+    assert not workspace.exists()  # the SDK makes it, as root
     sdk.train(
         name, runtime=sdk.client.get_runtime("torch-distributed"),
         initializer=Initializer(
@@ -318,6 +311,7 @@ def test_sdk_initializers_run_in_our_image(sdk, s3_server, hub_server, gateway_r
         # the SDK's default ignore list for models (*.bin, ...) reaches our initializer
         assert (workspace / "model" / key).exists() == (key != "old.bin"), key
     assert (workspace / "model" / "model.safetensors").read_bytes() == model["model.safetensors"]
+    assert {path.stat().st_uid for path in (workspace, workspace / "dataset", workspace / "model")} == {APP_UID}
     seen = set(re.findall(r"^sdk-seen (\S+) (\d+)$", sdk.logs(name), re.M))
     expected = {(f"dataset/{k}", str(len(v))) for k, v in data.items()}
     expected |= {(f"model/{k}", str(len(v))) for k, v in model.items() if k != "old.bin"}
@@ -327,7 +321,6 @@ def test_sdk_initializers_run_in_our_image(sdk, s3_server, hub_server, gateway_r
 def test_sdk_custom_trainer_exports_its_output_to_s3_after_success(sdk, s3_server, gateway_relays):
     bucket = s3_server.make_bucket("tl-sdk-export")
     name = job_name("export")
-    workspace_for(name)
     sdk.train(name, runtime=sdk.client.get_runtime("torch-distributed"),
               trainer=CustomTrainer(func=write_a_model, num_nodes=1, env={
                   "EXPORT_URI": f"s3://{bucket}/run-1", "ENDPOINT": gateway_relays["s3"].endpoint,
@@ -340,6 +333,8 @@ def test_sdk_custom_trainer_exports_its_output_to_s3_after_success(sdk, s3_serve
                       "run-1/.trainer-launcher-export.json": stored.get("run-1/.trainer-launcher-export.json")}
     (output,) = sdk.node_logs(name, 1)
     assert f"exported 2 files to s3://{bucket}/run-1" in final_launcher_line(output), output[-3000:]
+    # The function wrote its output into the SDK's /workspace, root's when the SDK made it.
+    assert (sdk_workspace(name) / "output" / "ckpt" / "model.bin").stat().st_uid == APP_UID
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,8 +49,8 @@ def test_a_root_owned_directory_names_its_owner_our_uid_and_the_ways_out(root_ow
     message = unwritable_as_nobody(root_owned)
     assert message == (
         f"{root_owned} is owned by uid 0 (mode 0755) and this container runs as uid {NOBODY}: writes there will fail "
-        "with PermissionError. Run as uid 0 (docker/podman --user 0, Kubernetes securityContext.runAsUser) or build "
-        "the image with --build-arg APP_UID=0")
+        f"with PermissionError. Give it to this uid (Kubernetes: securityContext.fsGroup: {NOBODY}, as our runtimes "
+        "set; docker/podman: start the launcher's image without --user, and its entrypoint does) or run as uid 0")
 
 
 def test_a_target_still_to_be_made_is_judged_by_its_nearest_existing_parent(root_owned):

@@ -1,9 +1,10 @@
 """Say at start, in one line, when the job cannot write to /workspace.
 
 The Kubeflow SDK's container backend bind-mounts at /workspace a host directory it creates itself
-(owned by the user running the SDK, mode 0755), and our images run as uid 1000: the first write
-there fails with PermissionError, often minutes into the job. A warning names the directory, its
-owner, our uid and the two ways out. Not an error: a job that never writes there is fine.
+(owned by the user running the SDK, mode 0755). The launcher's image, started as root, gives it to
+uid 1000 before dropping to it; any other image that runs as another uid (or ours, told `--user`) has
+its first write there fail with PermissionError, often minutes into the job. A warning names the
+directory, its owner, our uid and the ways out. Not an error: a job that never writes there is fine.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def unwritable(directory: str = WORKSPACE) -> str | None:
     owner, uid = info.st_uid, os.geteuid()
     return (
         f"{path} is owned by uid {owner} (mode {stat.S_IMODE(info.st_mode):04o}) and this container runs as "
-        f"uid {uid}: writes there will fail with PermissionError. Run as uid {owner} (docker/podman "
-        f"--user {owner}, Kubernetes securityContext.runAsUser) or build the image with --build-arg APP_UID={owner}"
+        f"uid {uid}: writes there will fail with PermissionError. Give it to this uid (Kubernetes: "
+        f"securityContext.fsGroup: {os.getegid()}, as our runtimes set; docker/podman: start the launcher's image "
+        f"without --user, and its entrypoint does) or run as uid {owner}"
     )
 
 
