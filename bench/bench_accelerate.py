@@ -31,6 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
+
+from results import record  # bench/results.py: this script's folder is on sys.path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = os.path.abspath(sys.executable)
@@ -79,6 +82,12 @@ def main() -> None:
         say(f"  {name:<11} {statistics.median(values):.3f} s   (min {min(values):.3f}, max {max(values):.3f})")
     ratio = statistics.median(times["launcher"]) / statistics.median(times["accelerate"])
     say(f"ratio launcher / accelerate launch: {ratio:.3f}")
+    record(
+        "accelerate", f"Start-up, one node, {args.nproc} processes: the launcher against accelerate launch",
+        ["side", f"median of {args.repeat} (s)", "min (s)", "max (s)", "ratio to accelerate launch"],
+        [[name, f"{statistics.median(v):.3f}", f"{min(v):.3f}", f"{max(v):.3f}",
+          f"{statistics.median(v) / statistics.median(times['accelerate']):.3f}"] for name, v in times.items()],
+        [1, 2, 3, 4], versions={"accelerate": metadata.version("accelerate")})
 
 
 if __name__ == "__main__":

@@ -113,7 +113,11 @@ def main() -> int:
         [[label, str(len(results[side])), f"{fmt(medians[side])} s", f"{fmt(spreads[side])} s",
           ", ".join(f"{c[0]}/{c[1]}" for _, _, c in results[side])]
          for side, label in (("launcher", "launcher"), ("baseline", "plain torchrun (baseline)")) if results[side]],
-        range(1, 4))
+        range(1, 4), record_as="failure-propagation",
+        title="Two nodes, rank 1 on node 1 exits 3: until every node exited, against plain torchrun",
+        plot={"title": "rank 1 on node 1 exits 3: seconds until every node exited", "unit": "s",
+              "bars": [[label, medians[side]] for side, label in (("launcher", "launcher"), ("baseline", "torchrun"))
+                       if medians[side] is not None]})
     ours, theirs = medians["launcher"], medians["baseline"]
     if ours and theirs:
         say(f"\nratio launcher / torchrun: {ours / theirs:.4f} ({theirs / ours:.0f}x sooner)")

@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results import record  # bench/results.py: this script's folder is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 
 PROGRAM = """
@@ -135,6 +137,14 @@ def main() -> None:
     last = results["launcher"][-1]
     print(f"launcher's last outcome: exit {last['exit']}, reason {last.get('reason')}: {last.get('message')}")
     print(f"baseline's last outcome: exit {results['baseline'][-1]['exit']}: {results['baseline'][-1]['tail']}")
+    sides = (("launcher", f"launcher (--hang-timeout {args.hang_timeout:g})"),
+             ("baseline", f"torchrun (gloo timeout {args.gloo_timeout:g} s)"))
+    record("hang", "A 2-rank gloo job whose rank 1 hangs: until the command exited, against plain torchrun",
+           ["side", f"median of {args.repeat} (s)", "runs (s)", "exit codes"],
+           [[label, f"{medians[side]:.2f}", ", ".join(f"{r['latency']:.2f}" for r in results[side]),
+             ", ".join(str(r["exit"]) for r in results[side])] for side, label in sides], [1],
+           plot={"title": "a hung rank: seconds until the command exited", "unit": "s",
+                 "bars": [[label.split(" (")[0], medians[side]] for side, label in sides]})
 
 
 if __name__ == "__main__":

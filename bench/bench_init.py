@@ -1369,7 +1369,14 @@ def main() -> int:
         f"`{command}`, total {time.perf_counter() - started:.0f} s):\n")
     header = ["Measure", "Median s", "s + sync", "MB/s", "Time / ours", "Client CPU s/GB", "Server CPU s/GB",
               "Exit codes", "Goal", "Met"]
-    markdown_table(header, rows, numeric=range(1, 7))
+    size = "at-size" if args.tree == "at-size" else f"mixed-{args.mb}"
+    plot = None
+    if s3:
+        rates = {m.label: total / v / 1e6 for m in s3 if (v := median(values(m)))}
+        plot = {"group": "init-s3-throughput", "title": "S3 download: MB/s (whole command) against the data set's size",
+                "unit": "MB/s", "xlabel": "data set (MB)", "x": round(total / 1e6), "points": rates}
+    markdown_table(header, rows, numeric=range(1, 7), record_as=f"init-{size}-{'-'.join(sorted(only))}",
+                   title=f"Initializers: {shape}", plot=plot)
     say(f"\nData: {shape}, random bytes, local servers ({', '.join(versions)}), loopback only; "
         f"{os.cpu_count()} CPUs. 'Time / ours' > 1 means ours is faster (the goals' 'ours >= Nx X' is this ratio). "
         f"'s + sync' adds the os.sync() run right after each command (ours makes every file durable itself; the others "

@@ -36,6 +36,8 @@ import tempfile
 import time
 from importlib import metadata
 
+from results import record  # bench/results.py: this script's folder is on sys.path
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(REPO, "bench", "programs", "jax_bench.py")
 PY = sys.executable
@@ -163,12 +165,21 @@ def main() -> None:
     say(f"JAX alone (by hand):          {' '.join(seconds(t, args.baseline_cap) for t, _ in baseline)}; exit codes "
         f"{sorted({tuple(c) for _, c in baseline})} (negative: killed by that signal; None: still running at "
         "the cap, then killed)")
+    rows = [[f"launch, {args.nprocs} processes, initialize + one allgather, median of {args.repeat}",
+             f"{statistics.median(w for w, _ in ours):.3f} s", f"{statistics.median(w for w, _ in theirs):.3f} s",
+             f"{ratio:.3f}", ""]]
     if None not in times:
         ours_median = statistics.median(times)
         theirs_median = statistics.median(args.baseline_cap if t is None else t for t, _ in baseline)
         capped = any(t is None for t, _ in baseline)
         say(f"median {ours_median:.3f} s vs {theirs_median:.1f} s{' (capped)' if capped else ''}: ratio "
             f"{ours_median / theirs_median:.4f}{' (an upper bound)' if capped else ''}")
+        rows.append(["process 1 exits 3: until every process is gone", f"{ours_median:.3f} s",
+                     f"{theirs_median:.1f} s{' (capped)' if capped else ''}", f"{ours_median / theirs_median:.4f}",
+                     f"{sorted({tuple(c) for _, c in ours_fail})} / {sorted({tuple(c) for _, c in baseline})}"])
+    record("jax", f"JAX, {args.nprocs} processes on CPU: launch and failure to exit, against JAX by hand",
+                   ["measure", "through trainer-launcher jax", "by hand (same env)", "ratio", "exit codes"], rows,
+                   [1, 2, 3], versions={"jax": metadata.version("jax")})
 
 
 if __name__ == "__main__":

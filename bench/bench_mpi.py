@@ -563,7 +563,8 @@ def main() -> int:
     say("\n" + "=" * 100)
     say(f"\nMarkdown summary (medians in seconds; `{command}`, total {time.perf_counter() - started:.0f} s):\n")
     header = ["Implementation", "Measure", "Launcher", "Baseline", "Ratio", "Exit codes (L / B)", "Goal", "Met"]
-    markdown_table(header, rows, numeric=range(2, 5))
+    markdown_table(header, rows, numeric=range(2, 5), record_as="mpi",
+                   title="MPI: a 2-rank hello and a failing rank, against bare mpirun, per implementation")
     say(f"\nLauncher: `{PY} -m launcher mpi --implementation IMPL --mpirun MPIRUN --hostfile <localhost slots={NPROC}> "
         f"--ssh-auth-mount-path <dummy keys> --ssh-dir <tmp> -- [--oversubscribe] PROGRAM` (runs `{PY} -m launcher.mpi.rank PROGRAM`). "
         f"Baseline: `MPIRUN -n {NPROC} [--oversubscribe] [--noprefix] {PY} PROGRAM` (--noprefix: Debian's Open MPI 4 only). "

@@ -29,6 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import record  # noqa: E402
 from bench_mpi import FAIL, IMPLS, PY, REPO, Impl, impl_env, make_setup  # noqa: E402  (a script in the same folder)
 
 SIDES = {
@@ -100,11 +101,16 @@ def main() -> int:
         for burner in burners:
             burner.kill()
         shutil.rmtree(root, ignore_errors=True)
-    print("\n| implementation | rank named: launcher.mpi.rank | rank named: python -m mpi4py (baseline) | exit codes |")
+    header = ["implementation", "rank named: launcher.mpi.rank", "rank named: python -m mpi4py (baseline)",
+              "exit codes"]
+    table = [[key, f"{named['launcher.mpi.rank']}/{args.runs}", f"{named['python -m mpi4py']}/{args.runs}",
+              f"{exits['launcher.mpi.rank']} / {exits['python -m mpi4py']}"] for key, named, exits in rows]
+    print("\n| " + " | ".join(header) + " |")
     print("|---|---:|---:|---|")
-    for key, named, exits in rows:
-        print(f"| {key} | {named['launcher.mpi.rank']}/{args.runs} | {named['python -m mpi4py']}/{args.runs} | "
-              f"{exits['launcher.mpi.rank']} / {exits['python -m mpi4py']} |")
+    for row in table:
+        print("| " + " | ".join(row) + " |")
+    record("mpi-root-cause" + ("-pods" if args.pods else ""),
+                   "MPI: how often the termination message names the failing rank", header, table, [1, 2])
     return 0
 
 

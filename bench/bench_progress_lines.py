@@ -15,6 +15,7 @@ import timeit
 from launcher import progress
 from launcher.status.intake import SOCKET_ENV, ProgressSocket
 from launcher.status.lines import LineParser
+from results import record  # bench/results.py: this script's folder is on sys.path
 
 LINES = {
     "plain log line (no match)": "2024-05-01 12:00:01,123 INFO epoch 3 of the training loop is running now ok",
@@ -33,12 +34,14 @@ def best_ns(function, number: int) -> float:
 
 def main() -> None:
     parser = LineParser()
+    rows = []
     print(f"{'line':28s} {'baseline ns':>12s} {'parse ns':>10s} {'ratio':>7s}")
     for name, text in LINES.items():
         raw = text.encode() + b"\r"
         baseline = best_ns(lambda: raw.decode("utf-8", "replace").rstrip("\r").replace("\x00", ""), 100_000)
         parsed = best_ns(lambda: parser.parse(text), 20_000 if "no match" not in name else 100_000)
         print(f"{name:28s} {baseline:12.0f} {parsed:10.0f} {parsed / baseline:7.2f}")
+        rows.append([name, f"{baseline:.0f}", f"{parsed:.0f}", f"{parsed / baseline:.2f}"])
     directory = tempfile.mkdtemp(prefix="lp-")
     listener = ProgressSocket(os.path.join(directory, "p.sock"))
     os.environ[SOCKET_ENV] = listener.path
@@ -64,6 +67,11 @@ def main() -> None:
     print(f"{'report() in the rank':28s} {printed:12.0f} {reported:10.0f} {reported / printed:7.2f}  (baseline: print+flush)")
     print(f"{'receive(), per datagram':28s} {printed:12.0f} {received:10.0f} {received / printed:7.2f}")
     print(f"{'report(), variable unset':28s} {printed:12.0f} {unset:10.0f} {unset / printed:7.2f}")
+    rows += [[what, f"{printed:.0f}", f"{ns:.0f}", f"{ns / printed:.2f}"] for what, ns in
+             (("report() in the rank (baseline: print+flush)", reported), ("receive(), per datagram", received),
+              ("report(), variable unset", unset))]
+    record("progress-lines", "Progress lines and reports: nanoseconds per call, against the cheapest baseline",
+           ["line or call", "baseline ns", "ours ns", "ratio"], rows, [1, 2, 3])
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from results import record  # noqa: E402  (bench/results.py: this script's folder is on sys.path)
 
 PROGRAM = """\
 import sys, time
@@ -127,6 +128,13 @@ def main() -> None:
     added = medians["reporter"][2] - medians["baseline"][2]
     print(f"median CPU (launcher + torchrun + rank): baseline {medians['baseline'][2]:.3f} s, "
           f"reporter {medians['reporter'][2]:.3f} s, added {added:.3f} s = {added / options.steps * 1e6:.1f} us per line")
+    record("status", f"Reporting progress to the TrainJob status: a rank printing {options.steps} lines, "
+           f"{options.step_ms:g} ms apart, with and without the status server",
+           ["measure", "without status (baseline)", "with status", "ratio"],
+           [[what, f"{medians['baseline'][i]:.3f} s", f"{medians['reporter'][i]:.3f} s",
+             f"{medians['reporter'][i] / medians['baseline'][i]:.4f}"]
+            for i, what in enumerate(("wall", "the rank's loop", "CPU (launcher + torchrun + rank)"))]
+           + [["CPU added per line", "", f"{added / options.steps * 1e6:.1f} us", ""]], [1, 2, 3])
 
 
 if __name__ == "__main__":

@@ -57,12 +57,18 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def markdown_table(header: list[str], rows: list[list[str]], numeric: range) -> None:
-    """Print a Markdown table; the columns in `numeric` are right-aligned."""
+def markdown_table(header: list[str], rows: list[list[str]], numeric: range, record_as: str | None = None,
+                   title: str = "", plot: dict | None = None) -> None:
+    """Print a Markdown table; the columns in `numeric` are right-aligned. With ``record_as``, the
+    same table goes to bench/results/<record_as>.json (bench/results.py), which the docs render."""
     say("| " + " | ".join(header) + " |")
     say("|" + "|".join("---:" if i in numeric else "---" for i in range(len(header))) + "|")
     for row in rows:
         say("| " + " | ".join(row) + " |")
+    if record_as:
+        from results import record
+
+        say(f"(recorded in {os.path.relpath(record(record_as, title, header, rows, numeric, plot=plot))})")
 
 
 # --- environments and command lines ----------------------------------------------------------------
@@ -626,7 +632,8 @@ def main() -> int:
     say("\n" + "=" * 100)
     say(f"\nMarkdown summary (medians in seconds; `{command}`, total {time.perf_counter() - started:.0f} s):\n")
     header = ["Measure", "Launcher", "Baseline", "Ratio", "Exit codes (L / B)", "Goal", "Met"]
-    markdown_table(header, rows, numeric=range(1, 4))
+    markdown_table(header, rows, numeric=range(1, 4), record_as="torch" if not only else None,
+                   title="torch: start-up, failure and SIGTERM against torchrun")
     say(f"\nBaselines: 1, 3, 4 = `{PY} -m torch.distributed.run` with the plan's flags "
         f"(`--standalone --nnodes 1 --nproc-per-node {NPROC}`); 2 = `python3 -c pass`. "
         f"{os.cpu_count()} CPUs, OMP_NUM_THREADS=1 on both sides. "

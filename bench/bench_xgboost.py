@@ -54,6 +54,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from results import record  # bench/results.py: this script's folder is on sys.path
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(REPO, "bench", "programs", "xgboost_bench.py")
 TRACKER = os.path.join(REPO, "launcher", "xgboost", "tracker.py")
@@ -216,6 +218,15 @@ def launch_figures(root: str, repeat: int, rounds: int) -> None:
         f"{'met' if ratio <= GOAL else 'NOT met'})")
     say(f"launch ratio launcher / by hand + floor: {medians['launcher'] / medians['by hand + floor']:.3f} "
         "(the launcher's own cost, beyond the pydantic-settings import every launcher pays)")
+    floor_ratio = medians["launcher"] / medians["by hand + floor"]
+    record(
+        "xgboost-launch", f"XGBoost launch, 2 pods x 1 worker, {rounds} rounds, against the same job by hand",
+        [f"launch, 2 pods x 1 worker, {rounds} rounds", f"median of {repeat} (s)", "runs (s)", "launcher / this"],
+        [[side, f"{medians[side]:.3f}", ", ".join(f"{v:.2f}" for v in values),
+          f"{medians['launcher'] / medians[side]:.3f}"] for side, values in walls.items()], [1, 3],
+        versions={"xgboost": xgboost_version()},
+        plot={"title": f"XGBoost launch, 2 pods, {rounds} rounds: seconds (ratio to by hand + floor "
+              f"{floor_ratio:.3f})", "unit": "s", "bars": [[side, medians[side]] for side in walls]})
 
 
 def failure_figures(root: str, repeat: int, cap: float, pods: int) -> None:
@@ -248,10 +259,22 @@ def failure_figures(root: str, repeat: int, cap: float, pods: int) -> None:
     say("|---|---|---:|---:|---:|---|")
     for what, side, median, worst, capped, codes in rows:
         say(f"| {what} | {side} | {median:.3f} | {worst:.3f} | {capped}/{len(codes)} | {'; '.join(codes)} |")
+    record(
+        "xgboost-failure", f"XGBoost, {pods} pods x 1 worker, one task exits 3: until every process is gone",
+        [f"{pods} pods x 1 worker; one exits 3", "side", "median s until every process is gone", "worst s",
+         f"runs capped at {cap:g} s", "exit codes (pod/task order, each run)"],
+        [[what, side, f"{median:.3f}", f"{worst:.3f}", f"{capped}/{len(codes)}", "; ".join(codes)]
+         for what, side, median, worst, capped, codes in rows], [2, 3, 4], versions={"xgboost": xgboost_version()})
     ours = {what: median for what, side, median, *_ in rows if side == "launcher"}
     for what, side, median, *_ in rows:
         if side != "launcher":
             say(f"ratio launcher / {side}, {what}: {ours[what] / median:.3f}")
+
+
+def xgboost_version() -> str:
+    import xgboost  # its distribution is xgboost or xgboost-cpu: the module knows its version
+
+    return xgboost.__version__
 
 
 def main() -> None:

@@ -19,6 +19,8 @@ What each is made of:
   between their markers in README.md and docs/compatibility.md. The matrix's results below them in
   docs/compatibility.md come from a run: ``python -m tests.matrix_report --write docs/compatibility.md``.
 - ``docs/index.md``: README.md, its links into docs/ made relative to the site.
+- ``docs/benchmark-results.md`` and its plots (``docs/img/bench-*.svg``): what the benchmarks in
+  bench/ wrote to ``bench/results/*.json`` (tests/bench_pages.py).
 
 Each page depends only on the checkout (no date, no path or home of this machine, no plug-in
 installed here), so tests/test_docs_pages.py can assert that each equals what this module makes now.
@@ -41,6 +43,7 @@ if str(REPO) not in sys.path:
 if str(REPO / "tests") not in sys.path:  # run as python -m tests.docs_pages: its siblings by name, as pytest has them
     sys.path.append(str(REPO / "tests"))
 
+import bench_pages  # noqa: E402
 import matrix_report  # noqa: E402
 
 STALE = "docs are stale: python -m tests.docs_pages --write"
@@ -567,6 +570,7 @@ def pages() -> dict[Path, str]:
         "docs/reference/cli.md": cli_page(),
     }
     assert tuple(made) == PAGES
+    made.update(bench_pages.pages())
     return {REPO / page: text for page, text in made.items()}
 
 

@@ -22,10 +22,12 @@ def made() -> dict:
     return docs_pages.pages()
 
 
-@pytest.mark.parametrize("page", docs_pages.PAGES)
+@pytest.mark.parametrize("page", [*docs_pages.PAGES, "the benchmark results and their plots"])
 def test_the_generated_page_is_current(page, made):
-    path = REPO / page
-    assert path.exists() and path.read_text() == made[path], f"{page}: {docs_pages.STALE}"
+    paths = [REPO / page] if page in docs_pages.PAGES else [p for p in made if p.relative_to(REPO).as_posix()
+                                                             not in docs_pages.PAGES]
+    for path in paths:
+        assert path.exists() and path.read_text() == made[path], f"{path.relative_to(REPO)}: {docs_pages.STALE}"
 
 
 def test_every_reason_has_words_for_the_exit_code_page():
@@ -122,3 +124,41 @@ def test_every_module_the_layout_names_exists():
             if not any(candidate.is_file() for candidate in candidates):
                 named.append(f"{package}: {name}")
     assert not named, f"docs/architecture.md's layout names what is not there: {named}"
+
+
+def test_a_recorded_benchmark_becomes_a_section_with_its_command_date_machine_table_and_plot(tmp_path, monkeypatch):
+    """bench/results.py writes what a benchmark printed; bench_pages renders it (tables, SVG plots)."""
+    import xml.etree.ElementTree as ElementTree
+
+    import bench_pages
+
+    sys_path = str(REPO / "bench")
+    monkeypatch.syspath_prepend(sys_path)
+    import results
+
+    monkeypatch.setattr(results, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(bench_pages, "RESULTS", tmp_path)
+    monkeypatch.setattr("sys.argv", [str(REPO / "bench" / "bench_failure_propagation.py"), "--repeat", "5"])
+    results.record("failure-propagation", "A node fails", ["side", "median s"], [["launcher", "1.734"],
+                   ["plain torchrun", "306.039"]], [1],
+                   plot={"title": "until every node exited", "unit": "s", "bars": [["launcher", 1.734],
+                                                                                    ["torchrun", 306.039]]})
+    for mb, ours, theirs in ((265, 300.0, 250.0), (884, 380.0, 320.0)):
+        monkeypatch.setattr("sys.argv", [str(REPO / "bench" / "bench_init.py"), "--mb", str(mb)])
+        results.record(f"init-mixed-{mb}-s3", f"S3 at {mb} MB", ["measure", "MB/s"], [["ours", str(ours)]], [1],
+                       plot={"group": "init-s3-throughput", "title": "S3 MB/s by size", "unit": "MB/s",
+                             "xlabel": "MB", "x": mb, "points": {"ours": ours, "s5cmd": theirs}})
+    made = bench_pages.pages()
+    page = made[bench_pages.PAGE]
+    section = page.split("## A node fails\n")[1].split("\n## ")[0]
+    assert "`python3 bench/bench_failure_propagation.py --repeat 5`" in section
+    assert "UTC; " in section and " CPUs" in section and "Python " in section
+    assert "| plain torchrun | 306.039 |" in section and "|---|---:|" in section
+    assert "![until every node exited](img/bench-failure-propagation.svg)" in section
+    bars = ElementTree.fromstring(made["docs/img/bench-failure-propagation.svg"])
+    widths = [float(rect.get("width")) for rect in bars.iter("{http://www.w3.org/2000/svg}rect")]
+    assert widths[1] > 100 * widths[0] > 0  # drawn to scale: 306 s against 1.7 s
+    line = ElementTree.fromstring(made["docs/img/bench-init-s3-throughput.svg"])
+    assert len(list(line.iter("{http://www.w3.org/2000/svg}polyline"))) == 2  # ours and s5cmd, two sizes each
+    assert "bench_failure_propagation.py" not in page.split("## Not recorded yet")[-1]
+    assert "- `python3 bench/bench_torch.py`" in page

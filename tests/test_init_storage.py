@@ -274,30 +274,27 @@ def test_a_large_object_fetched_by_segments_survives_faults(s3_server, bucket, f
     assert len(gets) >= 3 and gets[0] is None, gets  # a plain GET first; both faults met, and retried
 
 
-def _one_large_object(s3_server, name: str) -> tuple[str, bytes]:
-    """A 48 MiB single-part object (its ETag an md5): 1.5 MiB segments under RANGED."""
-    bucket = s3_server.make_bucket(name)
+def _large_object_through(s3_server, fault_proxy, tmp_path, kind: str, mib_per_second: int) -> list[str | None]:
+    """A 48 MiB single-part object (its ETag an md5: 1.5 MiB segments under RANGED), fetched on 4
+    lanes through a proxy that throttles its bodies (``kind``: slow, each body at the rate; capped,
+    all of them together); verified whole. The GETs' Range headers, in order."""
+    bucket = s3_server.make_bucket(f"throttled-{kind}")
     data = os.urandom(48 * 1024 * 1024)
     s3_server.put(bucket, "data/large.bin", data)
-    return bucket, data
-
-
-def _gets_of_large(proxy) -> list[str | None]:
+    proxy = fault_proxy(s3_server.endpoint)
+    proxy.inject("*/large.bin", kind, times=None, method="GET", bytes_per_second=mib_per_second * 1024 * 1024)
+    env = {**s3_env(s3_server, proxy.endpoint), "STORAGE_URI": f"s3://{bucket}/data"}
+    result = init("dataset", env, tmp_path / "out", *RANGED, "--concurrency", "4")
+    assert result.returncode == 0, result.stderr
+    assert files_under(tmp_path / "out") == {"large.bin": data}
     return [r for method, path, r in proxy.requests if method == "GET" and path.endswith("large.bin")]
 
 
 def test_a_large_object_gets_more_streams_while_each_stream_is_limited(s3_server, fault_proxy, tmp_path):
     """A server that serves each stream at a fixed rate (a real S3 endpoint, per connection): the
     object starts as one plain GET, and the lanes that would idle take over parts of it, because each
-    new stream raises the rate. Verified whole."""
-    bucket, data = _one_large_object(s3_server, "per-stream")
-    proxy = fault_proxy(s3_server.endpoint)
-    proxy.inject("*/large.bin", "slow", times=None, method="GET", bytes_per_second=8 * 1024 * 1024)
-    env = {**s3_env(s3_server, proxy.endpoint), "STORAGE_URI": f"s3://{bucket}/data"}
-    result = init("dataset", env, tmp_path / "out", *RANGED, "--concurrency", "4")
-    assert result.returncode == 0, result.stderr
-    assert files_under(tmp_path / "out") == {"large.bin": data}
-    gets = _gets_of_large(proxy)
+    new stream raises the rate."""
+    gets = _large_object_through(s3_server, fault_proxy, tmp_path, "slow", 8)
     assert gets[0] is None and len(gets) >= 3, gets
     assert all(r.startswith("bytes=") for r in gets[1:]), gets
 
@@ -307,14 +304,7 @@ def test_a_large_object_stays_one_stream_when_the_server_gives_no_more_to_more_s
     """A server whose total rate is fixed (one busy process, like moto, or a saturated link): one
     trial stream shows that a second stream brings nothing, and no more are started. A server that
     must read the whole object to serve a range pays for every range, so this matters."""
-    bucket, data = _one_large_object(s3_server, "capped")
-    proxy = fault_proxy(s3_server.endpoint)
-    proxy.inject("*/large.bin", "capped", times=None, method="GET", bytes_per_second=16 * 1024 * 1024)
-    env = {**s3_env(s3_server, proxy.endpoint), "STORAGE_URI": f"s3://{bucket}/data"}
-    result = init("dataset", env, tmp_path / "out", *RANGED, "--concurrency", "4")
-    assert result.returncode == 0, result.stderr
-    assert files_under(tmp_path / "out") == {"large.bin": data}
-    gets = _gets_of_large(proxy)
+    gets = _large_object_through(s3_server, fault_proxy, tmp_path, "capped", 16)
     assert gets[0] is None and len(gets) <= 2, gets  # the plain GET, and at most the one trial
 
 
