@@ -143,11 +143,10 @@ def make_setup(impl: Impl, root: str) -> Setup:
     base = scratch(root, f"setup-{impl.key}")
     keys = os.path.join(base, "keys")
     os.makedirs(keys)
-    # Dummy key material: never used (localhost runs without ssh), but the launcher installs it.
-    # Non-empty on purpose: an empty authorized_keys makes the launcher look for id_rsa.pub.
-    for name in ("id_rsa", "authorized_keys"):
-        with open(os.path.join(keys, name), "w") as handle:
-            handle.write("dummy (bench_mpi.py: localhost runs without ssh)\n")
+    # A real key pair, never used (localhost runs without ssh): the launcher installs it, and
+    # checks that it is one (a dummy file is refused, exit 2, ConfigError).
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(keys, "id_rsa")], check=True)
+    shutil.copy(os.path.join(keys, "id_rsa.pub"), os.path.join(keys, "authorized_keys"))
     hostfile = os.path.join(base, "hostfile")
     with open(hostfile, "w") as handle:
         handle.write(f"localhost slots={NPROC}\n")
