@@ -37,7 +37,7 @@ class Lanes:
         self._clock, self._window = clock, window
         self._lock = threading.Lock()
         self.busy = 0
-        self.trials = 0  # splits made, for the log
+        self.trials = 0  # splits made (what a test of the rule counts)
         self.closed = False  # a trial did not pay: no more splits in this run
         self._mark: tuple[float, int] | None = None  # (time, bytes) where the current window began
         self._before: tuple[float, int] | None = None  # a trial's reference: (rate before it, streams before it)

@@ -79,7 +79,7 @@ class Segments:
         return start + (count // 2) * self.segment if being_read else start
 
     def next(self, finished: int, end: int) -> int | None:
-        """A stream finished the segment at ``finished`` (done), its request ends at ``end``: the
+        """A stream finished the segment at ``finished`` (the caller marks it done); its request ends at ``end``: the
         segment it goes on to (now claimed), or None when it stops there."""
         following = finished + self.segment
         if following >= end or following in self.claimed:
