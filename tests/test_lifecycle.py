@@ -142,3 +142,53 @@ def _is_this_stand_in(pid: str, mine: bytes) -> bool:
     except OSError:
         return False
     return mine in argv and any(b"early got" in part for part in argv)
+
+
+BESIDE = r"""
+import os, signal, sys, threading
+from launcher.core.supervisor import Supervisor
+
+how = sys.argv[1]
+release = threading.Event()
+
+
+def work():
+    if how == "raises":
+        raise ValueError("the work's own error")
+    if how == "blocks":
+        print("working", flush=True)
+        release.wait()
+    return 42
+
+
+with Supervisor() as supervisor:
+    try:
+        result = supervisor.serve_during(work, lambda: None, every=3600)  # an hour: only a wake ends it
+    except ValueError as error:
+        result = str(error)
+    print(f"result {result!r} signal {supervisor.received_signal}", flush=True)
+"""
+
+
+def beside(how: str, signal_it: bool = False) -> str:
+    """The supervisor's loop served while work runs on a thread beside it; what it came back with."""
+    process = subprocess.Popen([sys.executable, "-c", BESIDE, how], env=clean_env(), stdout=subprocess.PIPE, text=True)
+    if signal_it:
+        assert process.stdout.readline() == "working\n"
+        process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out
+    return out.strip()
+
+
+def test_work_beside_the_loop_comes_back_the_moment_it_ends_not_at_the_next_tick():
+    # The export runs this way after the job: the pod exits when the upload ends, not up to a tick later.
+    assert beside("returns") == "result [42] signal None"
+
+
+def test_work_beside_the_loop_raises_its_error_in_the_serving_thread():
+    assert beside("raises") == "result \"the work's own error\" signal None"
+
+
+def test_a_signal_ends_the_serving_at_once_and_leaves_the_work_behind():
+    assert beside("blocks", signal_it=True) == f"result [] signal {int(signal.SIGTERM)}"

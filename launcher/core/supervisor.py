@@ -18,17 +18,18 @@ import re
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher.core.outcome import COMMAND_NOT_FOUND, LauncherError, Reasons
 
 if TYPE_CHECKING:
     from types import FrameType, ModuleType
-    from typing import Any, TypeAlias
+    from typing import TypeAlias
 
     _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
@@ -267,6 +268,44 @@ class Supervisor:
                 raise Interrupted()
             if time.monotonic() >= end or (until is not None and until()):
                 return
+
+    def serve_during(self, work: Callable[[], Any], tick: Callable[[], None], every: float = 0.5) -> list:
+        """Run ``work`` on a daemon thread while this one serves the loop (signals, the children's
+        output, ``tick`` at least every ``every`` s). Back the moment ``work`` returns, with its
+        result in a list, or at a terminating signal, with an empty one: the thread is left to die
+        with the process. What ``work`` raises is raised here."""
+        wake_r, wake_w = os.pipe()
+        result: list = []
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(work())
+            except BaseException as error:  # noqa: BLE001 - raised again in the serving thread
+                failed.append(error)
+            finally:
+                with contextlib.suppress(OSError):  # the server left at a signal and closed its end
+                    os.write(wake_w, b"\0")
+                os.close(wake_w)
+
+        ended = False
+
+        def on_wake() -> None:
+            nonlocal ended
+            ended = True
+
+        self.watch(wake_r, on_wake)
+        try:
+            threading.Thread(target=run, name="beside-the-loop", daemon=True).start()
+            while not ended and self.received_signal is None:
+                self.poll(every)
+                tick()
+        finally:
+            self.unwatch(wake_r)
+            os.close(wake_r)
+        if failed:
+            raise failed[0]
+        return result
 
     def poll(self, timeout: float | None) -> None:
         for key, _ in self._selector.select(timeout):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,31 +91,24 @@ class Export:
 
     def _run(self, life: Life, plan: Plan, export: ExportSettings) -> Outcome:
         """The export in a thread; this one serves signals and the TrainJob's status meanwhile."""
-        result: list[Outcome] = []
         progress: list = []
-        worker = threading.Thread(
-            target=lambda: result.append(_export(plan, export, life.node, progress.append)), name="export", daemon=True
-        )
-        worker.start()
-        supervisor, reported = life.supervisor, None
-        while worker.is_alive():
-            supervisor.poll(0.5)
-            if supervisor.received_signal is not None:
-                log.error("export: stopped by a signal; what was sent stays for the next try")
-                return terminated(supervisor.received_signal).on_node(life.node)
-            if progress and life.watch is not None:
-                now = (progress[0].files, progress[0].bytes)
-                if now != reported:
-                    reported = now
-                    life.watch.report(
-                        [
-                            (
-                                "export",
-                                f"{now[0]}/{progress[0].total_files} files, "
-                                f"{now[1] / 1e6:.1f}/{progress[0].total_bytes / 1e6:.1f} MB",
-                            )
-                        ]
-                    )
+        reported = None
+
+        def report() -> None:
+            nonlocal reported
+            if not progress or life.watch is None:
+                return
+            sent = progress[0]
+            if (now := (sent.files, sent.bytes)) != reported:
+                reported = now
+                shown = f"{now[0]}/{sent.total_files} files, {now[1] / 1e6:.1f}/{sent.total_bytes / 1e6:.1f} MB"
+                life.watch.report([("export", shown)])
+
+        supervisor = life.supervisor
+        result = supervisor.serve_during(lambda: _export(plan, export, life.node, progress.append), report)
+        if supervisor.received_signal is not None:
+            log.error("export: stopped by a signal; what was sent stays for the next try")
+            return terminated(supervisor.received_signal).on_node(life.node)
         return result[0] if result else internal_error("the export stopped without an outcome", node=life.node)
 
 
