@@ -114,7 +114,7 @@ def launcher_env(impl: Impl, workdir: str, **extra: str) -> dict[str, str]:
 
 @dataclass
 class Setup:
-    """Per implementation: the launcher's files (dummy keys, hostfile, ssh dir)."""
+    """Per implementation: the launcher's files (a fresh ed25519 key pair, hostfile, ssh dir)."""
 
     impl: Impl
     keys: str
@@ -565,7 +565,7 @@ def main() -> int:
     markdown_table(header, rows, numeric=range(2, 5), record_as="mpi",
                    title="MPI: a 2-rank hello and a failing rank, against bare mpirun, per implementation")
     say(f"\nLauncher: `{PY} -m launcher mpi --implementation IMPL --mpirun MPIRUN --hostfile <localhost slots={NPROC}> "
-        f"--ssh-auth-mount-path <dummy keys> --ssh-dir <tmp> -- [--oversubscribe] PROGRAM` (runs `{PY} -m launcher.mpi.rank PROGRAM`). "
+        f"--ssh-auth-mount-path <a fresh ed25519 key pair> --ssh-dir <tmp> -- [--oversubscribe] PROGRAM` (runs `{PY} -m launcher.mpi.rank PROGRAM`). "
         f"Baseline: `MPIRUN -n {NPROC} [--oversubscribe] [--noprefix] {PY} PROGRAM` (--noprefix: Debian's Open MPI 4 only). "
         f"Plan: `{PY} -m launcher plan --framework mpi <same options> -- PROGRAM`. "
         f"Failure baseline: 1 run per implementation, capped at {FAIL_CAP:.0f} s; rank 0 sleeps 60 s. "

@@ -2,8 +2,9 @@
 
 The credentials, endpoint, CA bundle and role are the s3:// initializer's (launcher.initializers.s3),
 and so is the client split: boto3 lists and deletes, obstore (Rust) carries the bodies. A file up to
-one part is a single PUT, on as many lanes as the concurrency; the bigger ones go up in parts, one
-file at a time with every lane on its parts: memory stays about 2 * concurrency * part size. S3
+one part is a single PUT, on as many lanes as the concurrency; the bigger ones go up in parts, two
+files at a time with half the lanes each, so that one file's completion (S3 assembles the object)
+overlaps the other's parts: memory stays about 2 * concurrency * part size. S3
 answers each upload with its ETag, the md5 of what it stored (or of its parts' md5s): it must equal
 the file's own, or the file is sent again. A rerun lists the prefix first and sends only the files
 whose size or ETag differ."""
@@ -68,9 +69,12 @@ class S3Target:
         large = [f for f in files if f.size > part_size(f.size)]
         stop, failed = threading.Event(), []
 
-        def lane_of_parts() -> None:  # the large files, one after another, every lane on its parts
+        at_once = min(2, len(large), self.lanes)
+        per_file = max(1, self.lanes // max(1, at_once))
+
+        def lane_of_parts() -> None:  # the large files two at a time, the lanes shared between them
             try:
-                each(large, lambda f: self._put(f, digests, self.lanes), 1, progress, stop=stop)
+                each(large, lambda f: self._put(f, digests, per_file), at_once, progress, stop=stop)
             except BaseException as error:  # noqa: BLE001 - raised again below, in the caller's thread
                 stop.set()
                 failed.append(error)
