@@ -18,6 +18,7 @@ import re
 import secrets
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -83,14 +84,18 @@ class _Handler(BaseHTTPRequestHandler):
 
 # --------------------------------------------------------------------------------------- S3 (moto)
 class S3Server:
-    """A moto_server process. ``auth=True`` enforces IAM auth (SigV4 + policies) after creating a user."""
+    """A moto_server process. ``auth=True`` enforces IAM auth (SigV4 + policies) after creating a user.
+    ``certs``: (ca.crt, server.crt, server.key) to serve https with a certificate that CA signed."""
 
-    def __init__(self, auth: bool = False):
+    def __init__(self, auth: bool = False, certs: tuple[Path, Path, Path] | None = None):
         exe = Path(sys.executable).with_name("moto_server")
         found = str(exe) if exe.exists() else shutil.which("moto_server")
         argv = [found] if found else [sys.executable, "-m", "moto.server"]
         self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.ca = certs[0] if certs else None
+        self.endpoint = f"{'https' if certs else 'http'}://127.0.0.1:{self.port}"
+        if certs:
+            argv += ["--ssl-cert", str(certs[1]), "--ssl-key", str(certs[2])]
         self.access_key_id, self.secret_access_key, self.role_arn = "test", "test", None
         self._clients: dict[tuple, object] = {}
         self._log = tempfile.TemporaryFile()
@@ -111,7 +116,8 @@ class S3Server:
                 self._log.seek(0)
                 raise RuntimeError(f"moto_server exited {self.process.returncode}: {self._log.read().decode()}")
             try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=1).read()
+                context = ssl.create_default_context(cafile=self.ca) if self.ca else None
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=1, context=context).read()
                 return
             except OSError:
                 time.sleep(0.05)
@@ -147,15 +153,14 @@ class S3Server:
             self._clients[key] = self._new_client(*key[:5], **config)
         return self._clients[key]
 
-    @staticmethod
-    def _new_client(service: str, endpoint: str, access_key_id: str, secret_access_key: str,
+    def _new_client(self, service: str, endpoint: str, access_key_id: str, secret_access_key: str,
                     session_token: str | None, **config):
         import boto3
         from botocore.config import Config
         return boto3.client(
             service, endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=access_key_id,
             aws_secret_access_key=secret_access_key, aws_session_token=session_token,
-            config=Config(s3={"addressing_style": "path"}, **config))
+            config=Config(s3={"addressing_style": "path"}, **config), verify=str(self.ca) if self.ca else None)
 
     def make_bucket(self, name: str) -> str:
         client = self.client()

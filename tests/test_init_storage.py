@@ -258,6 +258,20 @@ def test_https_archive_with_a_hostile_member_is_refused(hub_server, tmp_path):
     assert not (tmp_path / "a" / "escaped.txt").exists() and not (tmp_path / "escaped.txt").exists()
 
 
+def test_a_model_whose_files_the_default_patterns_skip_says_which_patterns_skipped_them(hub_server, tmp_path):
+    # Upstream's model initializer skips *.bin (and four other weight formats) unless IGNORE_PATTERNS
+    # says otherwise: a model URL of a .bin alone fetches nothing, and the warning says why.
+    hub_server.add_repo("acme/old-weights", {"pytorch_model.bin": b"w" * 100}, repo_type="model")
+    url = f"{hub_server.endpoint}/acme/old-weights/resolve/main/pytorch_model.bin"
+    out = tmp_path / "model"
+    result = init("model", {"STORAGE_URI": url}, out)
+    assert result.returncode == 0, result.stderr
+    assert "warning:" in result.stderr and "0 of 1 files, 0.0 MB; 1 skipped by IGNORE_PATTERNS=*.msgpack,*.h5,*.bin," \
+        "*.pt,*.pth (a model's default)" in result.stderr, result.stderr
+    result = init("model", {"STORAGE_URI": url, "IGNORE_PATTERNS": "*.h5"}, out)
+    assert result.returncode == 0 and files_under(out) == {"pytorch_model.bin": b"w" * 100}, result.stderr
+
+
 RANGED = ("--ranged-min", str(4 * 1024 * 1024), "--chunk-size", str(1024 * 1024))
 
 

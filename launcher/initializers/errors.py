@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 
 from launcher.core.outcome import LauncherError, Reason, Reasons
 
@@ -25,6 +26,24 @@ class PermanentError(LauncherError):
     def __init__(self, message: str, reason: Reason = Reasons.STORAGE_ERROR):
         super().__init__(message)
         self.reason = reason
+
+
+# The server's TLS certificate refused: OpenSSL's words (Python's ssl, boto3) or rustls' (obstore).
+_REFUSED_CERTIFICATE = re.compile(r"certificate verify failed: ([^(]+?)\s*(?:\(|$)|InvalidCertificate\(\s*(\w+)")
+
+
+def refused_certificate(error: BaseException, what: str, trust: str) -> PermanentError | None:
+    """The server's certificate was refused (no trusted CA signed it, it is for another host, it
+    expired): another try meets the same certificate. ``trust``: the variable that names the CA
+    bundle to trust. None for any other error."""
+    found = _REFUSED_CERTIFICATE.search(str(error))
+    if found is None:
+        return None
+    why = (found.group(1) or found.group(2)).rstrip(".")
+    return PermanentError(
+        f"{what}: the server's TLS certificate was refused ({why}); {trust} names the CA bundle to trust",
+        Reasons.CONFIG_ERROR,
+    )
 
 
 # Local file-system errors that a retry of the same pod spec meets again: the volume's

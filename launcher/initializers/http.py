@@ -17,7 +17,7 @@ from urllib.parse import urljoin, urlsplit
 from urllib.request import Request, getproxies, proxy_bypass, urlopen
 
 from launcher.core.outcome import Reasons
-from launcher.initializers.errors import PermanentError, TransientError
+from launcher.initializers.errors import PermanentError, TransientError, refused_certificate
 
 _PERMANENT = {
     400: Reasons.BAD_REQUEST,
@@ -33,6 +33,7 @@ _TIMEOUT = 60.0
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 _local = threading.local()
+TRUST = "SSL_CERT_FILE"  # the CA bundle this module's TLS trusts, when set (else the system's)
 
 
 def classify_status(status: int, what: str) -> Exception:
@@ -60,7 +61,8 @@ def open_url(
     except HTTPError as error:
         raise classify_status(error.code, what or url) from None
     except (TimeoutError, URLError, OSError, http.client.HTTPException) as error:
-        raise TransientError(f"{what or url}: {getattr(error, 'reason', error)}") from None
+        cause = getattr(error, "reason", error)
+        raise refused_certificate(cause, what or url, TRUST) or TransientError(f"{what or url}: {cause}") from None
 
 
 def _origin(url: str) -> tuple[str, str, int]:
@@ -112,7 +114,8 @@ def _request(url: str, headers: dict[str, str], what: str):
                 raise TransientError(f"{what}: {type(error).__name__}") from None
         except (OSError, http.client.HTTPException) as error:
             connection.close()
-            raise TransientError(f"{what}: {getattr(error, 'strerror', None) or type(error).__name__}") from None
+            said = getattr(error, "strerror", None) or type(error).__name__
+            raise refused_certificate(error, what, TRUST) or TransientError(f"{what}: {said}") from None
     raise AssertionError("unreachable")
 
 

@@ -160,10 +160,17 @@ def _download(kind: str, uri: StorageUri, target: str, init: InitSettings, ignor
     source = _source(kind, uri, init)
     listed = source.list()
     files = select(listed, init.allow_patterns, ignore)
-    log.info(
+    said = (
         f"init {kind}: {uri.shown} -> {target}: {len(files)} of {len(listed)} files, "
         f"{sum(f.size or 0 for f in files) / 1e6:.1f} MB"
     )
+    if len(files) < len(listed):
+        rules = [f"ALLOW_PATTERNS={','.join(init.allow_patterns)}"] if init.allow_patterns is not None else []
+        if ignore:
+            default = " (a model's default)" if init.ignore_patterns is None else ""
+            rules.append(f"IGNORE_PATTERNS={','.join(ignore)}{default}")
+        said += f"; {len(listed) - len(files)} skipped by {' and '.join(rules)}"
+    (log.info if files or not listed else log.warning)(said)
     summary = Engine(
         source, target, init.concurrency, init.chunk_size, init.retries, log.info, ranged_min=init.ranged_min
     ).run(files)

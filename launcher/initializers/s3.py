@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from launcher.core.outcome import Reason, Reasons
-from launcher.initializers.errors import CorruptDataError, PermanentError, TransientError
+from launcher.initializers.errors import CorruptDataError, PermanentError, TransientError, refused_certificate
 from launcher.initializers.listing import Chunk, RemoteFile
 
 if TYPE_CHECKING:
@@ -130,6 +130,8 @@ class S3Source:
             raise TransientError(f"{what}: {code or status}") from None
         except BotoCoreError as error:
             name = type(error).__name__
+            if refused := refused_certificate(error, what, "AWS_CA_BUNDLE"):
+                raise refused from None
             if reason := BOTOCORE_PERMANENT.get(name):
                 said = _NO_CREDENTIALS if name == "NoCredentialsError" else f"{name}: {' '.join(str(error).split())}"
                 raise PermanentError(f"{what}: {said}", reason) from None
@@ -245,8 +247,18 @@ class S3Source:
                 signing = (
                     {"credential_provider": _Credentials(credentials)} if credentials else {"skip_signature": True}
                 )
+                # Over TLS a body goes unsigned: its SHA-256 would be one more pass over every byte.
+                # boto3 does the same where the body is verified otherwise (the export compares
+                # each ETag); over plain HTTP, as boto3, it is signed.
+                tls = not (self._endpoint or "").startswith("http://")
                 self._store = S3Store(
-                    self.bucket, region=self._region, client_options=options, retry_config=retry, **where, **signing
+                    self.bucket,
+                    region=self._region,
+                    client_options=options,
+                    retry_config=retry,
+                    unsigned_payload=tls,
+                    **where,
+                    **signing,
                 )
         return self._store
 
@@ -298,6 +310,8 @@ def obstore_error(error: Exception, what: str) -> Exception:
     code = int(status.group(1)) if status else 0
     if code == 416:
         return CorruptDataError(f"{what}: the partial file is longer than the object")
+    if refused := refused_certificate(error, what, "AWS_CA_BUNDLE"):
+        return refused
     if reason := OBSTORE_PERMANENT.get(name) or OBSTORE_PERMANENT_STATUS.get(code):
         return PermanentError(f"{what}: {name}{f' (HTTP {code})' if code else ''}", reason)
     if code and code < 500 and code != 429:
