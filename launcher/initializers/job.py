@@ -165,7 +165,7 @@ def _download(kind: str, uri: StorageUri, target: str, init: InitSettings, ignor
         f"{sum(f.size or 0 for f in files) / 1e6:.1f} MB"
     )
     if len(files) < len(listed):
-        rules = [f"ALLOW_PATTERNS={','.join(init.allow_patterns)}"] if init.allow_patterns is not None else []
+        rules = [f"ALLOW_PATTERNS={','.join(init.allow_patterns)}"] if init.allow_patterns else []
         if ignore:
             default = " (a model's default)" if init.ignore_patterns is None else ""
             rules.append(f"IGNORE_PATTERNS={','.join(ignore)}{default}")
