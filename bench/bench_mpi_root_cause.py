@@ -13,7 +13,8 @@ by default ``launcher mpi`` on one host (hostfile ``localhost slots=2``, no ssh,
 bench/bench_mpi.py runs it); with --pods, ``launcher local --mpi IMPL --nnodes 2
 --nproc-per-node 1`` (two worker pods over real sshd, as tests/test_mpi.py runs them). Both
 sides use the same interpreter and environment; their runs are interleaved, --parallel at a
-time, while --burn busy loops load the CPUs.
+time, while --burn busy loops load the CPUs. A run that does not exit 3 naming rank 1 keeps its
+output and termination message in a directory of its own, whose path is printed.
 """
 
 from __future__ import annotations
@@ -54,15 +55,22 @@ def run_once(impl: Impl, program: tuple[str, ...], root: str, pods: bool) -> tup
     termination = os.path.join(work, "termination.json")
     env = impl_env(impl, work, BENCH_DIR=work, LAUNCHER_TERMINATION_LOG=termination, PYTHONPATH=REPO)
     try:
-        code = subprocess.run(job_argv(impl, program, work, pods), env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=JOB_TIMEOUT).returncode
+        with open(os.path.join(work, "output.txt"), "wb") as output:
+            code = subprocess.run(job_argv(impl, program, work, pods), env=env, cwd=REPO, stdout=output,
+                                  stderr=subprocess.STDOUT, timeout=JOB_TIMEOUT).returncode
     except subprocess.TimeoutExpired:
-        return None, None
+        code = None
     try:
         with open(termination) as handle:
-            return code, (json.load(handle).get("rootCause") or {}).get("rank")
+            rank = (json.load(handle).get("rootCause") or {}).get("rank")
     except (OSError, ValueError):
-        return code, None
+        rank = None
+    if (code, rank) != (3, 1):  # a miss: its output and termination message stay, for the cause
+        kept = shutil.copytree(work, tempfile.mkdtemp(prefix=f"bench-mpi-root-cause-miss-{impl.key}-"),
+                               dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+        side = next(name for name, argv in SIDES.items() if argv == program)
+        print(f"  {impl.key}, {side}: exit {code}, rank {rank}; kept in {kept}", flush=True)
+    return code, rank
 
 
 def main() -> int:
