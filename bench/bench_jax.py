@@ -178,8 +178,8 @@ def main() -> None:
                      f"{theirs_median:.1f} s{' (capped)' if capped else ''}", f"{ours_median / theirs_median:.4f}",
                      f"{sorted({tuple(c) for _, c in ours_fail})} / {sorted({tuple(c) for _, c in baseline})}"])
     record("jax", f"JAX, {args.nprocs} processes on CPU: launch and failure to exit, against JAX by hand",
-                   ["measure", "through trainer-launcher jax", "by hand (same env)", "ratio", "exit codes"], rows,
-                   [1, 2, 3], versions={"jax": metadata.version("jax")})
+           ["measure", "through trainer-launcher jax", "by hand (same env)", "ratio", "exit codes"], rows,
+           [1, 2, 3], versions={"jax": metadata.version("jax")})
 
 
 if __name__ == "__main__":

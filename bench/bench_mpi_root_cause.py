@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import record  # noqa: E402
+from results import markdown, record  # noqa: E402
 from bench_mpi import FAIL, IMPLS, PY, REPO, Impl, impl_env, make_setup  # noqa: E402  (a script in the same folder)
 
 SIDES = {
@@ -113,12 +113,9 @@ def main() -> int:
               "exit codes"]
     table = [[key, f"{named['launcher.mpi.rank']}/{args.runs}", f"{named['python -m mpi4py']}/{args.runs}",
               f"{exits['launcher.mpi.rank']} / {exits['python -m mpi4py']}"] for key, named, exits in rows]
-    print("\n| " + " | ".join(header) + " |")
-    print("|---|---:|---:|---|")
-    for row in table:
-        print("| " + " | ".join(row) + " |")
+    print("\n" + markdown(header, table, [1, 2]))
     record("mpi-root-cause" + ("-pods" if args.pods else ""),
-                   "MPI: how often the termination message names the failing rank", header, table, [1, 2])
+           "MPI: how often the termination message names the failing rank", header, table, [1, 2])
     return 0
 
 

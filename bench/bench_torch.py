@@ -61,13 +61,10 @@ def markdown_table(header: list[str], rows: list[list[str]], numeric: range, rec
                    title: str = "", plot: dict | None = None) -> None:
     """Print a Markdown table; the columns in `numeric` are right-aligned. With ``record_as``, the
     same table goes to bench/results/<record_as>.json (bench/results.py), which the docs render."""
-    say("| " + " | ".join(header) + " |")
-    say("|" + "|".join("---:" if i in numeric else "---" for i in range(len(header))) + "|")
-    for row in rows:
-        say("| " + " | ".join(row) + " |")
-    if record_as:
-        from results import record
+    from results import markdown, record
 
+    say(markdown(header, rows, numeric))
+    if record_as:
         say(f"(recorded in {os.path.relpath(record(record_as, title, header, rows, numeric, plot=plot))})")
 
 

@@ -54,7 +54,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from results import record  # bench/results.py: this script's folder is on sys.path
+from results import markdown, record  # bench/results.py: this script's folder is on sys.path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(REPO, "bench", "programs", "xgboost_bench.py")
@@ -254,17 +254,13 @@ def failure_figures(root: str, repeat: int, cap: float, pods: int) -> None:
             rows.append((what, side, statistics.median(reactions), max(reactions),
                          sum(c.count("capped") > 0 for c in codes), codes))
     say()
-    say(f"| {pods} pods x 1 worker; one exits 3 | side | median s until every process is gone | worst s | "
-        f"runs capped at {cap:g} s | exit codes (pod/task order, each run) |")
-    say("|---|---|---:|---:|---:|---|")
-    for what, side, median, worst, capped, codes in rows:
-        say(f"| {what} | {side} | {median:.3f} | {worst:.3f} | {capped}/{len(codes)} | {'; '.join(codes)} |")
-    record(
-        "xgboost-failure", f"XGBoost, {pods} pods x 1 worker, one task exits 3: until every process is gone",
-        [f"{pods} pods x 1 worker; one exits 3", "side", "median s until every process is gone", "worst s",
-         f"runs capped at {cap:g} s", "exit codes (pod/task order, each run)"],
-        [[what, side, f"{median:.3f}", f"{worst:.3f}", f"{capped}/{len(codes)}", "; ".join(codes)]
-         for what, side, median, worst, capped, codes in rows], [2, 3, 4], versions={"xgboost": xgboost_version()})
+    header = [f"{pods} pods x 1 worker; one exits 3", "side", "median s until every process is gone", "worst s",
+              f"runs capped at {cap:g} s", "exit codes (pod/task order, each run)"]
+    table = [[what, side, f"{median:.3f}", f"{worst:.3f}", f"{capped}/{len(codes)}", "; ".join(codes)]
+             for what, side, median, worst, capped, codes in rows]
+    say(markdown(header, table, [2, 3, 4]))
+    record("xgboost-failure", f"XGBoost, {pods} pods x 1 worker, one task exits 3: until every process is gone",
+           header, table, [2, 3, 4], versions={"xgboost": xgboost_version()})
     ours = {what: median for what, side, median, *_ in rows if side == "launcher"}
     for what, side, median, *_ in rows:
         if side != "launcher":

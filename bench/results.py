@@ -47,6 +47,12 @@ def command() -> str:
     return shlex.join(["python3", script, *sys.argv[1:]])
 
 
+def markdown(header: list[str], rows: list[list[str]], numeric: range | list[int] = ()) -> str:
+    """The table as Markdown, the columns in ``numeric`` right-aligned: what a benchmark prints last."""
+    rule = "|" + "|".join("---:" if i in numeric else "---" for i in range(len(header))) + "|"
+    return "\n".join(["| " + " | ".join(header) + " |", rule] + ["| " + " | ".join(row) + " |" for row in rows])
+
+
 def record(
     name: str,
     title: str,
@@ -58,8 +64,9 @@ def record(
     plot: dict | None = None,
 ) -> str:
     """Write ``bench/results/<name>.json``; returns its path. ``plot``, when given, asks the docs
-    for a bar chart: {"title", "unit", "bars": [[label, value], ...]}, or {"title", "unit", "x",
-    "series": {name: [[x, value], ...]}} for a line chart."""
+    for a bar chart: {"title", "unit", "bars": [[label, value], ...]}; or for this run's points on
+    a line chart that results sharing its group make together: {"group", "title", "unit",
+    "xlabel", "x", "points": {series: value}}."""
     if any(len(row) != len(header) for row in rows):
         raise ValueError(f"{name}: every row needs {len(header)} cells")
     document = {

@@ -18,6 +18,7 @@ import pytest
 from status_fixtures import make_certs
 from storage_servers import S3Server
 from test_export import MANIFEST, export, objects, tree_of, write_tree
+from test_export import s3_env as s3_credentials
 from test_init_storage import files_under, init, termination
 
 DATA = {"corpus/small.txt": b"hello over tls\n", "corpus/sub/b.bin": os.urandom(70_000)}
@@ -41,8 +42,7 @@ def tls_s3(certs):
 
 
 def s3_env(server, **extra) -> dict[str, str]:
-    return {"ENDPOINT": server.endpoint, "ACCESS_KEY_ID": server.access_key_id,
-            "SECRET_ACCESS_KEY": server.secret_access_key, **extra}
+    return {**s3_credentials(server), **extra}
 
 
 def refused_in_one_line(stderr: str, variable: str) -> None:
