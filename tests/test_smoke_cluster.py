@@ -1,6 +1,6 @@
 """The cross-node preflight (`-m launcher.smoke` as a torch job's program): the pairing rounds and
 verdicts as pure functions, and for real through `local --nnodes 3`, with one node made slow by
-stopping and continuing its rank (SIGSTOP/SIGCONT, 80% stopped) while the job runs."""
+stopping and continuing its rank (SIGSTOP/SIGCONT, 95% stopped) while the job measures."""
 
 from __future__ import annotations
 
@@ -68,14 +68,38 @@ def _rank_of_node(node: int) -> int | None:
     return None
 
 
-# Keeps the process argv[1] names stopped 80% of the time until it is killed. It runs at a
+def _tcp_sockets(pid: int) -> int:
+    """How many TCP sockets ``pid`` holds: none until torch is imported and the rendezvous begins."""
+    inodes = set()
+    try:
+        for table in ("tcp", "tcp6"):
+            with open(f"/proc/{pid}/net/{table}") as handle:
+                inodes.update(line.split()[9] for line in list(handle)[1:])
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # the rank is gone: the caller sees the job end
+        return 0
+    held = 0
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        held += link.startswith("socket:[") and link[len("socket:["):-1] in inodes
+    return held
+
+
+# Keeps the process argv[1] names stopped 95% of the time until it is killed. It runs at a
 # real-time priority: under CPU load (CI's other workers) a normal thread doing this was not
 # scheduled back in time to stop the rank again, which then ran free and passed (caught in CI).
-# The period is long (a quarter second): while the rank is stopped its peer still fills the
+# The period is long (0.4 s): while the rank is stopped its peer still fills the
 # loopback socket's buffer (megabytes), which the rank drains at once when continued. With a 50 ms
 # period that buffer was worth as much as the rank's own 20%, and under load (the other nodes slow
 # too) node 2 measured 0.19 GB/s against a median best of 0.34, above the half that names it
-# (caught in CI); with 250 ms the buffer adds a fifth as much.
+# (caught in CI); with 250 ms the buffer adds a fifth as much. Stopped 80% of the time, node 2
+# still measured 0.33 GB/s against a median best of 0.55 once (caught in CI): the pairs are measured
+# one after another, and the CI's other workers load each a different amount. 95% stopped puts the
+# rank an order of magnitude below, more than that load moves a pair. The cycling starts once the
+# rank holds a TCP socket, past torch's import, which would otherwise take twenty times as long.
 _DUTY_CYCLE = """
 import os, signal, sys, time
 try:
@@ -87,9 +111,9 @@ print("cycling", flush=True)
 try:
     while True:
         os.kill(pid, signal.SIGSTOP)
-        time.sleep(0.2)
+        time.sleep(0.38)
         os.kill(pid, signal.SIGCONT)
-        time.sleep(0.05)
+        time.sleep(0.02)
 except ProcessLookupError:  # the rank is gone: nothing left to slow
     pass
 """
@@ -118,6 +142,10 @@ def test_a_slow_node_fails_the_cross_node_preflight_named_by_its_hostname(tmp_pa
     while (pid := _rank_of_node(2)) is None:
         assert job.process.poll() is None, job.stderr
         assert time.monotonic() < deadline, "node 2's rank never started"
+        time.sleep(0.05)
+    while _tcp_sockets(pid) == 0:
+        assert job.process.poll() is None, job.stderr
+        assert time.monotonic() < deadline, "node 2's rank never connected"
         time.sleep(0.05)
     cycler = _slowed(pid)
     try:
