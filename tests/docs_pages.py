@@ -78,22 +78,30 @@ WHAT_TO_DO: dict[str, str] = {
     "Signaled": "A rank was killed by a signal that is neither a crash nor in the retryable set; SIGABRT "
     "(134) is the usual one: an abort, such as a watchdog that found no evidence of a fault. Read `error` "
     "and `lastLines`.",
-    "Killed": "A rank was killed by a signal whose code is in the retryable set: SIGKILL (137, often the "
-    "kernel's OOM killer: look for OOMKilled in the pod's status and raise the memory limit) or SIGTERM "
-    "(143). The job is retried.",
+    "Killed": "A rank was killed by a signal whose code is in the retryable set: SIGKILL (137) that the "
+    "kernel's OOM killer did not send (someone killed it: a preemption, a node agent) or SIGTERM (143). The "
+    "job is retried.",
+    "OutOfMemory": "A rank was killed by SIGKILL, and the kernel's OOM killer counted a kill in the "
+    "container's memory cgroup while the job ran (`memory.events` on cgroup v2, `memory.oom_control` on v1). "
+    "The message names the rank and the container's memory limit. Its code is 137, as Kubernetes sees it: "
+    "retried under the default set, since nothing but the code reaches the failure policy; raise the "
+    "limit, or lower the batch size, before the retries run out.",
     "Crashed": "A rank died of SIGSEGV (139), SIGILL (132), SIGFPE (136) or SIGBUS (135): a native crash in "
     "the program or a library. Permanent unless you add its code to `LAUNCHER_RETRYABLE_EXIT_CODES`.",
-    "NodeFault": "The output of the rank that failed first shows a node or network fault (NCCL watchdog or "
-    "errors, connection reset, uncorrectable ECC, Xid, rendezvous errors, your "
+    "NodeFault": "The rank that failed first, or its node, printed a node or network fault (the NCCL "
+    "watchdog, NCCL system errors, uncorrectable ECC, Xid, rendezvous errors, your "
     "`LAUNCHER_RETRYABLE_PATTERN`), or the preflight (`smoke`) found this node broken or slow. `evidence` "
-    "holds the line. The job is retried; if it keeps failing on one node, cordon that node.",
+    "holds the line. Another rank's \"connection reset by peer\" is never such a fault: it is that rank "
+    "losing the one that failed. The job is retried; if it keeps failing on one node, cordon that node.",
     "Terminated": "The launcher was asked to stop (the pod was deleted or preempted, Ctrl-C) and stopped "
     "the job: 128 + that signal, 143 for SIGTERM. Nothing is wrong with the job itself.",
     "PeerFailed": "Another node or pod failed first, and this one stopped its ranks because of it. It "
     "exits with the root cause's code, so every pod agrees; `rootCause` and `causeReason` name the node "
     "to look at, not this one.",
-    "PeerLost": "The node that serves the job's store, or another pod, vanished without a word (SIGKILL, "
-    "a lost machine). The job is retried; look at what happened to that node.",
+    "PeerLost": "Another pod went away without a word (deleted, evicted, preempted, SIGKILLed, its machine "
+    "lost): the ranks that failed first here said only that a peer was gone (\"connection reset by peer\"), "
+    "and that pod never reported how its own ranks ended. `rootCause` names it. The job is retried; look at "
+    "what happened to that pod.",
     "Hang": "No progress for `--hang-timeout`, or one rank fell silent while the others went on. The "
     "message names the rank that stopped and where each rank was; `hang` holds the top frames of every "
     "rank, `flightRecorder` the NCCL dumps. The job is retried.",

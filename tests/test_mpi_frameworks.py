@@ -25,13 +25,13 @@ import yaml
 from conftest import IS_ROOT, REPO, Job, clean_env, launcher
 
 from launcher import __version__
-from launcher.core import failure_policy, settings
-from launcher.core.outcome import PEER_LOSS_PATTERN, Outcome, RootCause, classify
+from launcher.core import failure_policy, judge, settings
+from launcher.core.outcome import PEER_LOSS_PATTERN, Outcome, RootCause
 from launcher.core.settings import LauncherSettings, Override
 from launcher.core.supervisor import Child
 from launcher.mpi.detect import MpiImpl, find_libmpi
 from launcher.mpi.hostfile import Host
-from launcher.mpi.job import root_cause, with_reported_error
+from launcher.mpi.job import mpirun_own_words, root_cause, with_reported_error
 from launcher.mpi.plan import MLX_LIBMPI_ENV, MpiFacts, plan_mpi
 from launcher.mpi.reports import RankFailure
 from launcher.mpi.settings import MpiSettings
@@ -238,9 +238,11 @@ def _launcher() -> LauncherSettings:
     return settings.load(LauncherSettings, {"retryable_pattern": Override(None, "test")})
 
 
-def _failed(evidence: str) -> Outcome:
+def _failed(marked: str) -> Outcome:
+    """mpirun's verdict on rank 1's exit 3 (launcher/core/judge.py), its output marked with this line."""
     cause = RootCause(node="tj-node-0-1", rank=1, exit_code=3)
-    return classify(3, evidence=evidence, root_cause=cause, what="rank 1 on tj-node-0-1").with_extra(lastLines=["x"])
+    evidence = judge.gather(3, [marked], own=mpirun_own_words)
+    return judge.verdict(evidence, root_cause=cause, what="rank 1 on tj-node-0-1").with_extra(lastLines=["x"])
 
 
 GLOO_ECHO = "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.5]:23175"
@@ -266,7 +268,8 @@ def test_a_rank_that_left_without_a_report_is_the_cause_and_its_reporting_peer_t
     echo = [RankFailure(0, "tj-node-0-0", 1, 0, "RuntimeError: [pair.cc:537] Read error: Connection reset by peer")]
     cause = root_cause(planned, child, RootCause(node="tj-launcher-0-0", exit_code=3), echo)
     assert (cause.rank, cause.node, cause.exit_code) == (1, "tj-node-0-0", 3)
-    failed = classify(3, evidence=GLOO_ECHO.replace("closed", "reset"), root_cause=cause, what="rank 1")
+    failed = judge.verdict(judge.gather(3, [GLOO_ECHO.replace("closed", "reset")], own=mpirun_own_words),
+                           root_cause=cause, what="rank 1")
     outcome = with_reported_error(failed, echo, _launcher())
     assert (outcome.exit_code, outcome.reason, outcome.root_cause.rank) == (3, "Failed", 1)
     assert outcome.extra["failedRanks"] == [0] and "error" not in outcome.extra  # the echo's words are not rank 1's
@@ -274,13 +277,15 @@ def test_a_rank_that_left_without_a_report_is_the_cause_and_its_reporting_peer_t
     assert root_cause(planned, child, RootCause(exit_code=3), [RankFailure(0, "h", 1, 0, "ValueError: x")]).rank == 0
 
 
-@pytest.mark.parametrize("evidence, error", [
-    ("uncorrectable ECC error encountered", None),  # not a peer loss: a real fault somewhere
-    (GLOO_ECHO, "RuntimeError: NCCL error: remote process exited or there was a network error"),
+@pytest.mark.parametrize("evidence, error, reason", [
+    ("uncorrectable ECC error encountered", None, "NodeFault"),  # not a peer loss: a real fault somewhere
+    (GLOO_ECHO, "RuntimeError: NCCL error: unhandled system error", "NodeFault"),  # in its own words
+    # The rank itself lost a peer: retried as such, and the job's root cause is settled elsewhere.
+    (GLOO_ECHO, "RuntimeError: NCCL error: remote process exited or there was a network error", "PeerLost"),
 ])
-def test_a_real_node_fault_stays_retryable(evidence, error):
+def test_a_real_fault_or_a_lost_peer_in_the_ranks_own_words_stays_retryable(evidence, error, reason):
     outcome = with_reported_error(_failed(evidence), [RankFailure(1, "tj-node-0-1", 1, 0, error)], _launcher())
-    assert (outcome.exit_code, outcome.reason) == (138, "NodeFault")
+    assert (outcome.exit_code, outcome.reason) == (138, reason)
 
 
 # --- real jobs: 2 worker pods over sshd, Open MPI 5 -------------------------------------------

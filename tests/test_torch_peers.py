@@ -138,12 +138,12 @@ def test_the_store_leaving_after_this_nodes_ranks_all_finished_is_a_success_not_
     from launcher.torch.job import torch_outcome
 
     supervisor = SimpleNamespace(first_failure=None, received_signal=None)
-    agent = SimpleNamespace(returncode=0, tail=[], evidence=None)
+    agent = SimpleNamespace(returncode=0, tail=[], evidence=None, marks=[])
     lost = {"lost": "tj-node-0-0.tj:29500"}
     after_success = torch_outcome(supervisor, agent, {"stoppedBy": lost, "succeeded": True, "exitCode": 0},
                                   frozenset({138}), "tj-node-0-1")
     assert (after_success.exit_code, after_success.reason) == (0, "Succeeded")
-    mid_run = torch_outcome(supervisor, SimpleNamespace(returncode=143, tail=[], evidence=None),
+    mid_run = torch_outcome(supervisor, SimpleNamespace(returncode=143, tail=[], evidence=None, marks=[]),
                             {"stoppedBy": lost, "exitCode": 143}, frozenset({138}), "tj-node-0-1")
     assert (mid_run.exit_code, mid_run.reason) == (138, "PeerLost")
 
@@ -160,17 +160,17 @@ def test_a_rank_exiting_with_a_code_keeps_it_when_its_node_mates_echo_connection
 
     echo = "[rank2]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:25801."
     supervisor = SimpleNamespace(first_failure=None, received_signal=None, evidence=evidence_regex())
-    agent = SimpleNamespace(returncode=3, tail=[], evidence=echo)
+    agent = SimpleNamespace(returncode=3, tail=[], evidence=echo, marks=[echo])
     failures = [{"rank": 3, "localRank": 1, "exitCode": 3, "signal": None, "message": None},
                 {"rank": 2, "localRank": 0, "exitCode": 1, "signal": None, "message": None}]
     outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1",
                             one_node=False)
     assert (outcome.exit_code, outcome.reason) == (3, "Failed")
-    # A first rank whose own message shows the fault keeps the node-fault verdict.
+    # A first rank whose own message says a peer went away lost that peer: 138, not the job's root cause.
     failures[0] = {**failures[0], "exitCode": 1, "message": f"RuntimeError: {echo}"}
     outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1",
                             one_node=False)
-    assert (outcome.exit_code, outcome.reason) == (138, "NodeFault")
+    assert (outcome.exit_code, outcome.reason) == (138, "PeerLost")
 
 
 def test_a_node_that_saw_the_echo_first_does_not_become_the_root_cause():
@@ -185,10 +185,10 @@ def test_a_node_that_saw_the_echo_first_does_not_become_the_root_cause():
 
     supervisor = SimpleNamespace(first_failure=None, received_signal=None, evidence=evidence_regex())
     own_echo = "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:21410."
-    node0 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence=own_echo),
+    node0 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence=own_echo, marks=[own_echo]),
                           {"failures": [{"rank": 0, "localRank": 0, "exitCode": 1, "signal": None, "message": None}],
                            "rootRank": 0}, frozenset({138}), "tj-node-0-0", one_node=False)
-    node1 = torch_outcome(supervisor, SimpleNamespace(returncode=3, tail=[], evidence=None),
+    node1 = torch_outcome(supervisor, SimpleNamespace(returncode=3, tail=[], evidence=None, marks=[]),
                           {"failures": [{"rank": 1, "localRank": 0, "exitCode": 3, "signal": None, "message": None}],
                            "rootRank": 1}, frozenset({138}), "tj-node-0-1", one_node=False)
     nodes = [NodeOutcome(0, "tj-node-0-0", node0, failed_at=100.000), NodeOutcome(1, "tj-node-0-1", node1, failed_at=100.009)]
@@ -210,12 +210,13 @@ def test_a_node_whose_rank_failed_on_its_own_is_not_a_victim_for_losing_the_race
 
     supervisor = SimpleNamespace(first_failure=None, received_signal=None, evidence=evidence_regex())
     echo = {"rank": 0, "localRank": 0, "exitCode": 1, "signal": None, "nodeRank": 0, "node": "tj-node-0-0"}
-    node0 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence="[rank0]: Connection closed by peer"),
+    node0 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence="[rank0]: Connection closed by peer",
+                                          marks=["[rank0]: Connection closed by peer"]),
                           {"failures": [{**echo, "message": None}], "rootRank": 0}, frozenset({138}), "tj-node-0-0",
                           one_node=False)
     report = {"failures": [{"rank": 1, "localRank": 0, "exitCode": 3, "signal": None, "message": None}],
               "rootRank": 1, "stoppedBy": echo, "exitCode": 1}
-    node1 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence=None), report, frozenset({138}),
+    node1 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence=None, marks=[]), report, frozenset({138}),
                           "tj-node-0-1", one_node=False)
     assert (node1.reason, node1.exit_code) == ("Failed", 3)
     nodes = [NodeOutcome(0, "tj-node-0-0", node0, failed_at=100.000), NodeOutcome(1, "tj-node-0-1", node1, failed_at=100.018)]
@@ -223,6 +224,6 @@ def test_a_node_whose_rank_failed_on_its_own_is_not_a_victim_for_losing_the_race
         final = job_outcome(outcome, rank, f"tj-node-0-{rank}", nodes)
         assert (final.exit_code, final.root_cause.rank) == (3, 1), final
     stopped = {**report, "failures": [{**report["failures"][0], "exitCode": None, "signal": "SIGTERM"}], "stopping": True}
-    victim = torch_outcome(supervisor, SimpleNamespace(returncode=143, tail=[], evidence=None), stopped,
+    victim = torch_outcome(supervisor, SimpleNamespace(returncode=143, tail=[], evidence=None, marks=[]), stopped,
                            frozenset({138}), "tj-node-0-1", one_node=False)
     assert victim.reason == "PeerFailed" and victim.root_cause.node == "tj-node-0-0"

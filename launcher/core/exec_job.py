@@ -4,14 +4,14 @@ one command: mpirun, a worker's sshd, a plug-in's program."""
 
 from __future__ import annotations
 
+import signal
 import socket
 
-from launcher.core import lifecycle, settings
+from launcher.core import judge, lifecycle, settings
 from launcher.core.outcome import (
     ConfigError,
     Outcome,
     RootCause,
-    classify,
     code_for,
     last_lines,
     signal_name,
@@ -61,6 +61,11 @@ class CommandPod(lifecycle.Pod):
         """The root cause, refined from the command's output (mpirun names the rank that failed)."""
         return cause
 
+    def own_words(self, line: str) -> bool:
+        """Whether a marked line of the command's output is the failing process's own words (the
+        judge's evidence). One command: every line it printed is."""
+        return True
+
     def judge(self, life: lifecycle.Life) -> Outcome:
         from launcher.core.report import handed_off
 
@@ -92,13 +97,14 @@ class CommandPod(lifecycle.Pod):
         cause = self.root_cause(child, cause)
         if cause.rank is not None and cause.rank != rank:
             what = f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
-        outcome = classify(
-            returncode,
-            retryable_codes=life.launcher.retryable_exit_codes,
-            evidence=child.evidence,
-            root_cause=cause,
-            what=what,
-        )
+        elif cause.signal and returncode >= 0:  # the command names a signal that ended one of its ranks
+            what = "a rank" + (f" on {cause.node}" if cause.node else f" of {self.command[0]}")
+        # The process that failed first: a rank a signal ended, where the command names it (mpirun
+        # exits with a code of its own for it), else the command itself.
+        named = cause.signal if cause.signal in signal.Signals.__members__ else None
+        failed = -int(signal.Signals[named]) if named is not None else returncode
+        evidence = judge.gather(failed, child.marks, own=self.own_words, memory_before=life.memory)
+        outcome = judge.verdict(evidence, codes=life.launcher.retryable_exit_codes, root_cause=cause, what=what)
         return outcome.with_extra(**last_lines(child.tail))
 
 

@@ -9,9 +9,11 @@ retryable flag) agree across pods. A node's ranks that died only because a peer 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.core.outcome import PEER_LOSS_PATTERN, Outcome, Reasons, stopped_by
+from launcher.core.judge import peer_loss
+from launcher.core.outcome import Outcome, Reasons, RootCause, stopped_by
 
 # Outcomes that never make a node the root cause: it stopped because of another, or was told to.
 SECONDARY_REASONS = (Reasons.PEER_FAILED, Reasons.TERMINATED)
@@ -37,16 +39,57 @@ def root_cause(nodes: list[NodeOutcome]) -> NodeOutcome | None:
     return min(
         failed,
         key=lambda n: (
-            bool(PEER_LOSS_PATTERN.search((n.outcome.evidence if n.outcome else None) or "")),
+            n.outcome is not None and peer_loss(n.outcome),
             math.inf if n.failed_at is None else n.failed_at,
             n.node_rank,
         ),
     )
 
 
-def job_outcome(own: Outcome, node_rank: int, node: str, nodes: list[NodeOutcome]) -> Outcome:
-    """This node's final outcome: its own if it failed first (or nobody did), else the root's."""
+def job_outcome(
+    own: Outcome,
+    node_rank: int,
+    node: str,
+    nodes: list[NodeOutcome],
+    nnodes: int | None = None,
+    outlived: Callable[[], Outcome] | None = None,
+) -> Outcome:
+    """This node's final outcome: its own if it failed first (or nobody did), else the root's.
+
+    When this node's ranks stopped because a peer went away (``own`` is a peer's loss) and no other
+    node failed on its own: a node of the ``nnodes`` that never said how its ranks ended is that
+    peer, a lost pod; where every node said and none lost a peer itself, no peer vanished, and
+    ``outlived()`` judges this node again knowing that (its ranks outlived peers that had ended)."""
     root = root_cause(nodes)
+    if peer_loss(own) and nnodes is not None and (root is None or root.outcome is None or peer_loss(root.outcome)):
+        said = {n.node_rank: n.outcome for n in nodes if n.outcome is not None}
+        silent = sorted(set(range(nnodes)) - set(said) - {node_rank})
+        if silent:
+            return lost(own, node, node_rank, silent)
+        if outlived is not None and not any(peer_loss(o) for rank, o in said.items() if rank != node_rank):
+            return outlived()
     if root is None or root.node_rank == node_rank or root.outcome is None:  # the root has an outcome
         return own
     return stopped_by(root.outcome, node)
+
+
+def lost(own: Outcome, node: str, node_rank: int, silent: list[int]) -> Outcome:
+    """``own`` stopped because a peer went away, and these nodes never said how their ranks
+    ended: they are gone (a deleted, evicted or preempted pod, a lost machine)."""
+    names = [peer_name(node, node_rank, rank) for rank in silent]
+    which = ", ".join(names)
+    return Outcome.of(
+        Reasons.PEER_LOST,
+        f"{which} went away without a word (its pod was lost: deleted, evicted, preempted, or its "
+        f"machine failed); {node} stopped its ranks",
+        RootCause(node=names[0]),
+        own.evidence,
+        own.extra,
+    )
+
+
+def peer_name(node: str, node_rank: int, rank: int) -> str:
+    """Another node's pod name, where this one's ends in its node rank (a JobSet pod's hostname,
+    ``<job>-node-0-<index>``); else its node rank."""
+    suffix = f"-{node_rank}"
+    return f"{node[: -len(suffix)]}-{rank}" if node.endswith(suffix) else f"node rank {rank}"

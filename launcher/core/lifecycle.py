@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from launcher.core import memory
 from launcher.core.supervisor import Child, Interrupted, Supervisor
 
 if TYPE_CHECKING:
@@ -159,6 +160,8 @@ class Life:
         self.watch: JobWatch | None = None
         self.watched: dict[str, str] = {}  # the watch's variables for the job's processes
         self.interrupted = False  # the wait was cut short by a signal or an early exit
+        # The container's memory cgroup before the job: the judge compares the kernel's OOM count.
+        self.memory = memory.read()
         self._pipes: list[GoPipe | Listen] = []
         self._closing: list[Callable[[], None]] = []
 

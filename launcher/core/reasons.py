@@ -116,6 +116,7 @@ class Reasons:
     SIGNALED = Reason("Signaled", rule=SIGNAL)
     KILLED = Reason("Killed", rule=SIGNAL)  # 128+signal in the retryable set
     CRASHED = Reason("Crashed", rule=SIGNAL)  # SIGSEGV, SIGILL, SIGFPE, SIGBUS
+    OUT_OF_MEMORY = Reason("OutOfMemory", rule=SIGNAL)  # SIGKILL, and the kernel counted an OOM kill
     NODE_FAULT = Reason("NodeFault", TRANSIENT)  # its output, or a preflight check, shows it
     # How a job ended around this pod.
     TERMINATED = Reason("Terminated", rule=SIGNAL)  # the launcher was asked to stop

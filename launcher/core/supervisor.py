@@ -38,6 +38,7 @@ PR_SET_CHILD_SUBREAPER = 36
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
 TAIL_LINES = 50  # enough for mpirun's abort banner
+MARKS = 32  # lines that show a fault or a peer's loss, kept for the judge (launcher.core.judge)
 LINE_LIMIT = 64 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -68,7 +69,8 @@ class Child:
     returncode: int | None = None  # negative: killed by that signal
     exited_at: float | None = None
     after_teardown: bool = False  # exited after we began tearing the job down
-    evidence: str | None = None  # first output line showing a node/network fault
+    evidence: str | None = None  # first output line showing a node/network fault or a peer's loss
+    marks: deque = field(default_factory=lambda: deque(maxlen=MARKS))  # every such line, the latest
     primary: bool = False  # its exit, success or not, ends the job (daemons like sshd are not)
     released: bool = False  # sent away before its go word: its leaving with 0 interrupts nothing
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
@@ -420,8 +422,10 @@ class Supervisor:
 
     def _scan(self, child: Child, text: str) -> None:
         child.tail.append(text[:500])
-        if child.evidence is None and self.evidence is not None and self.evidence.search(text):
-            child.evidence = text.strip()[:500]
+        if self.evidence is not None and self.evidence.search(text):
+            child.marks.append(text.strip()[:500])
+            if child.evidence is None:
+                child.evidence = child.marks[-1]
         self._observe(child, text)
 
     def _observe(self, child: Child, text: str) -> None:

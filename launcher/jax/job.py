@@ -17,7 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 from launcher import status
-from launcher.core import lifecycle, python_argv
+from launcher.core import judge, lifecycle, memory, python_argv
 from launcher.core.supervisor import Child, Supervisor
 from launcher.export.step import Export
 from launcher.jax.plan import REPORT_ENV, runner_argv
@@ -113,7 +113,12 @@ class JaxPod(lifecycle.Pod):
                 raise RuntimeError("the JAX process never started, and no signal stopped it")
             return terminated(supervisor.received_signal).on_node(life.node)
         return jax_outcome(
-            life.plan, supervisor, child, _read_report(life.path("report.json")), life.launcher.retryable_exit_codes
+            life.plan,
+            supervisor,
+            child,
+            _read_report(life.path("report.json")),
+            life.launcher.retryable_exit_codes,
+            life.memory,
         )
 
 
@@ -201,8 +206,16 @@ def _read_report(path: str) -> dict:
         return {}
 
 
-def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dict, codes: frozenset[int]) -> Outcome:
-    """How this pod's JAX process ended, as a row of the exit-code table that names the process."""
+def jax_outcome(
+    plan: JaxPlan,
+    supervisor: Supervisor,
+    child: Child,
+    report: dict,
+    codes: frozenset[int],
+    memory_before: memory.Memory | None = None,
+) -> Outcome:
+    """How this pod's JAX process ended, as a row of the exit-code table that names the process
+    (``memory_before``: the container's memory cgroup when the job started)."""
     from launcher.core.job_outcome import stopped_by
     from launcher.core.outcome import (
         Outcome,
@@ -291,7 +304,8 @@ def jax_outcome(plan: JaxPlan, supervisor: Supervisor, child: Child, report: dic
             child.evidence,
             tail,
         )
-    outcome = classify(returncode, retryable_codes=codes, evidence=child.evidence, root_cause=cause, what=what)
+    evidence = judge.gather(returncode, child.marks, memory_before=memory_before)
+    outcome = judge.verdict(evidence, codes=codes, root_cause=cause, what=what)
     if report.get("error"):
         tail = {**tail, "error": report["error"]}
     return outcome.with_extra(**tail)

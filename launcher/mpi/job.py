@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from launcher import status
-from launcher.core import lifecycle, log, netwait, settings, versions
+from launcher.core import judge, lifecycle, log, netwait, settings, versions
 from launcher.core.exec_job import CommandPod, node_name
 from launcher.core.outcome import (
     PEER_LOSS_PATTERN,
@@ -22,8 +22,8 @@ from launcher.core.outcome import (
     Outcome,
     Reasons,
     RootCause,
-    classify,
     evidence_regex,
+    signal_name,
 )
 from launcher.core.settings import HostEnv, LauncherSettings, Override
 from launcher.core.supervisor import Child
@@ -43,6 +43,13 @@ _ABORT_RANK = (
     # [[35711,1],1]" (4) or "[prterun-<host>-<pid>@1,1]" (5): the rank is the last number.
     re.compile(r"The first process to do so was:\s*Process name:\s*\[.*,(\d+)\]"),
     re.compile(r"Abort\(\d+\) on node \d+ \(rank (\d+)"),  # MPICH, Intel MPI
+)
+# A rank a signal ended, as mpirun says it: its signal's number, and its rank and host where said.
+_SIGNALED = (
+    # Open MPI 4 and 5: "... noticed that process rank 1 with PID 123 on node h exited on signal 11".
+    re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) exited on\s+signal (?P<sig>\d+)"),
+    # Intel MPI's own handler in the rank: "python:123 terminated with signal 11 at PC=...".
+    re.compile(r"\S+:\d+ terminated with signal (?P<sig>\d+) at PC="),
 )
 _FAILED_HOST = (
     re.compile(r"rank \d+ with PID \d+ on node (\S+)"),  # Open MPI 5
@@ -175,6 +182,9 @@ class MpiPod(CommandPod):
                 self.env = {**self.reports.env, **env}
         super().go(life)
 
+    def own_words(self, line: str) -> bool:
+        return mpirun_own_words(line)
+
     def root_cause(self, child: Child, cause: RootCause) -> RootCause:
         if any(_HOST_KEY_FAILED in line for line in child.tail):
             self.refused.append(refused_host(child.tail))
@@ -216,29 +226,28 @@ def host_key_refused(host: str | None) -> Outcome:
     )
 
 
-def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher: LauncherSettings) -> Outcome:
-    """The root-cause rank's own words (its exception) and every rank that reported a failure.
+def mpirun_own_words(line: str) -> bool:
+    """mpirun's output is every rank's: a peer's loss in it is some rank's echo, nobody's own words
+    (the failing rank's own are in its report: with_reported_error)."""
+    return not PEER_LOSS_PATTERN.search(line)
 
-    The root-cause rank exited with a code of its own (it reported its failure, or left without a
-    word, through os._exit or a C exit()): the others' "connection closed/reset by peer" (gloo
-    under DeepSpeed, NCCL) is its echo, not a node fault, so the job fails with that rank's own
-    exit code. A node fault in the rank's own error still counts."""
+
+def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher: LauncherSettings) -> Outcome:
+    """The root-cause rank's own words (its exception) and every rank that reported a failure. The
+    others' "connection closed/reset by peer" (gloo under DeepSpeed, NCCL) is never evidence about
+    it (mpirun_own_words); its own error is, when it exited with a code of its own: a fault, or a
+    peer it lost itself."""
     cause = outcome.root_cause
     if not received or cause is None:
         return outcome
     own = next((report for report in received if report.rank == cause.rank), None)
-    if (
-        outcome.reason == Reasons.NODE_FAULT
-        and cause.exit_code
-        and PEER_LOSS_PATTERN.search(outcome.evidence or "")
-        and not evidence_regex(launcher.retryable_pattern).search(own.error or "" if own else "")
-    ):
-        outcome = classify(
-            cause.exit_code,
-            retryable_codes=launcher.retryable_exit_codes,
-            root_cause=cause,
-            what=f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else ""),
-        ).with_extra(**outcome.extra)
+    if own is not None and own.error and outcome.reason in (Reasons.FAILED, Reasons.RETRYABLE_EXIT):
+        marked = [own.error] if evidence_regex(launcher.retryable_pattern).search(own.error) else []
+        evidence = judge.gather(outcome.exit_code, marked)
+        if evidence.fault or evidence.peer_loss:
+            what = f"rank {cause.rank}" + (f" on {cause.node}" if cause.node else "")
+            decided = judge.verdict(evidence, what=what, root_cause=cause, codes=launcher.retryable_exit_codes)
+            outcome = decided.with_extra(**outcome.extra)
     extra: dict = {"failedRanks": [report.rank for report in received]}
     if own is not None and own.error:
         extra["error"] = own.error
@@ -286,6 +295,12 @@ def _is_address(name: str) -> bool:
 
 def _root_cause_from_output(child: Child, cause: RootCause) -> RootCause:
     text = "\n".join(child.tail)
+    for pattern in _SIGNALED:
+        if match := pattern.search(text):
+            said = match.groupdict()
+            cause = replace(cause, node=None, exit_code=None, signal=signal_name(int(said["sig"])))
+            if said.get("rank"):
+                return replace(cause, rank=int(said["rank"]), node=said["node"].split(".")[0])
     for pattern in _ABORT_RANK:
         if match := pattern.search(text):
             cause = replace(cause, rank=int(match[1]), node=None)

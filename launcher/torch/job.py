@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from launcher import status
-from launcher.core import lifecycle
+from launcher.core import judge, lifecycle, memory
 from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
 from launcher.core.outcome import (
     PEER_LOSS_PATTERN,
@@ -166,7 +166,7 @@ class TorchPod(lifecycle.Pod):
         self.control.send(self.verdict.to_json(self.life.launcher.retryable_exit_codes))
         self.control.close()
 
-    def _own(self, life: lifecycle.Life) -> Outcome:
+    def _own(self, life: lifecycle.Life, peer_vanished: bool | None = None) -> Outcome:
         if life.watch is not None and life.watch.hang is not None:
             return life.watch.hang
         return torch_outcome(
@@ -176,6 +176,8 @@ class TorchPod(lifecycle.Pod):
             life.launcher.retryable_exit_codes,
             life.node,
             life.plan.nnodes == "1",
+            life.memory,
+            peer_vanished,
         )
 
     def judge(self, life: lifecycle.Life) -> Outcome:
@@ -183,7 +185,10 @@ class TorchPod(lifecycle.Pod):
 
     def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
         nodes = [_node_outcome(summary) for summary in _read_json(life.path("job.json"), [])]
-        return job_outcome(own, life.plan.node_rank, life.node, nodes)
+        nnodes = int(life.plan.nnodes) if life.plan.nnodes.isdigit() else None
+        return job_outcome(
+            own, life.plan.node_rank, life.node, nodes, nnodes, lambda: self._own(life, peer_vanished=False)
+        )
 
 
 def _stacks_of_every_node(request: str, supervisor: Supervisor) -> list:
@@ -261,22 +266,57 @@ def _node_outcome(summary: dict) -> NodeOutcome:
     )
 
 
-# torch's prefix on what a rank prints of its exception: "[rank3]: RuntimeError: ..."
-_RANK_PREFIX = re.compile(r"\[rank(\d+)\]:")
+def _own_words(failure: dict, one_node: bool):
+    """Which of the node's marked lines are this failed rank's own words, for the judge. torch
+    prefixes what a rank prints of its exception with "[rankN]: "; a line another rank said is
+    never this one's. A fault said by nobody in particular (a C++ log line) counts, since it is this
+    node's; a peer's loss only when this rank said it, and never on one node: every peer is local
+    there, so a loss is the echo of a local rank's end, which is judged by its own words."""
+    rank = failure["rank"]
+
+    def own(line: str) -> bool:
+        speaker = judge.said_by(line)
+        if PEER_LOSS_PATTERN.search(line):
+            return not one_node and (speaker == rank or (speaker is None and line == failure.get("message")))
+        return speaker is None or speaker == rank
+
+    return own
 
 
-def _said_by_another_rank(line: str, rank: int) -> bool:
-    """Whether ``line`` is another rank's words than ``rank``'s (torch's [rankN]: prefix says)."""
-    said = _RANK_PREFIX.search(line)
-    return said is not None and int(said[1]) != rank
+def _failed_first(report: dict, marks) -> dict:
+    """The rank that failed on its own first. torchrun's record names the earliest (in whole
+    seconds) that its teardown did not cause; a rank that only echoed another's loss (its own words
+    say a peer went away) is passed over for one that failed on its own, on this node."""
+    failures = report["failures"]
+    chosen = next(f for f in failures if f["rank"] == report["rootRank"])
+
+    def echoed(failure: dict) -> bool:
+        if failure["signal"] in ("SIGSEGV", "SIGILL", "SIGFPE", "SIGBUS", "SIGKILL"):
+            return False
+        said = [line for line in marks if judge.said_by(line) == failure["rank"]]
+        return any(PEER_LOSS_PATTERN.search(line) for line in [*said, failure.get("message") or ""])
+
+    if not echoed(chosen):
+        return chosen
+    own = [f for f in failures if f["signal"] != "SIGTERM" and not echoed(f)]
+    return min(own, key=lambda f: f.get("timestamp") or 0) if own else chosen
 
 
 def torch_outcome(
-    supervisor: Supervisor, agent: Child, report: dict, codes: frozenset[int], node: str, one_node: bool = True
+    supervisor: Supervisor,
+    agent: Child,
+    report: dict,
+    codes: frozenset[int],
+    node: str,
+    one_node: bool = True,
+    memory_before: memory.Memory | None = None,
+    peer_vanished: bool | None = None,
 ) -> Outcome:
     """Turn what the agent reported into a row of the exit-code table (``codes``: the retryable set).
     The agent may still be alive (it waits for this verdict): its report says how it will exit.
-    ``one_node``: every rank of the job is on this node."""
+    ``one_node``: every rank of the job is on this node; ``memory_before``: the container's memory
+    cgroup when the job started (the kernel's OOM count); ``peer_vanished``: False once every other
+    node is known to have ended as it chose (launcher.core.job_outcome)."""
     returncode = agent.returncode if agent.returncode is not None else report.get("exitCode")
     if "stoppedBy" in report and ("failures" not in report or report.get("stopping")):
         if "lost" in report["stoppedBy"] and report.get("succeeded"):
@@ -294,7 +334,7 @@ def torch_outcome(
         return success()
     tail = last_lines(agent.tail)
     if "failures" in report:
-        root = next(f for f in report["failures"] if f["rank"] == report["rootRank"])
+        root = _failed_first(report, agent.marks)
         cause = RootCause(
             node=node,
             rank=root["rank"],
@@ -302,25 +342,19 @@ def torch_outcome(
             exit_code=root["exitCode"],
             signal=root["signal"],
         )
-        evidence = agent.evidence
-        if (
-            evidence
-            and root["signal"] is None
-            and PEER_LOSS_PATTERN.search(evidence)
-            and not (supervisor.evidence and supervisor.evidence.search(root.get("message") or ""))
-            and (one_node or _said_by_another_rank(evidence, root["rank"]))
-        ):
-            # torchrun's first failure here exited on its own, and its own message shows no fault:
-            # the other ranks' "connection closed by peer" is its echo, not a network fault (a
-            # rank exiting 3 while the rest wait in a gloo collective). On a node of several,
-            # only when another rank said it: a first failure that lost a peer itself keeps that
-            # evidence, so the job's root cause is the node whose rank failed on its own
-            # (launcher.core.job_outcome), even if this node saw its echo a moment sooner.
-            evidence = None
-        outcome = classify(
+        said: str | None = root.get("message")
+        marked = [said] if said and supervisor.evidence is not None and supervisor.evidence.search(said) else []
+        evidence = judge.gather(
             _returncode(root),
-            retryable_codes=codes,
-            evidence=evidence,
+            [*agent.marks, *marked],
+            own=_own_words(root, one_node),
+            memory_before=memory_before,
+        )
+        if peer_vanished is not None:
+            evidence = replace(evidence, peer_vanished=peer_vanished)
+        outcome = judge.verdict(
+            evidence,
+            codes=codes,
             root_cause=cause,
             what=f"rank {root['rank']} (local rank {root['localRank']}) on {node}",
         )

@@ -52,6 +52,10 @@ DUMP = PREFIX + "dump-stacks"
 DUMPED = PREFIX + "dumped"
 # How long the node that asked waits for the others' stacks (each takes at most a few seconds).
 DUMP_WAIT = 8.0
+# Every node beats while it has not concluded: one that has not published its outcome and whose
+# beat stood still this long is gone (a lost pod), and the others stop waiting for it.
+BEAT = 1.0
+STALE = 10.0
 
 
 def node_key(node_rank: int) -> str:
@@ -60,6 +64,10 @@ def node_key(node_rank: int) -> str:
 
 def stacks_key(node_rank: int) -> str:
     return f"{PREFIX}stacks/{node_rank}"
+
+
+def beat_key(node_rank: int) -> str:
+    return f"{PREFIX}beat/{node_rank}"
 
 
 def done_key(node_rank: int) -> str:
@@ -115,6 +123,8 @@ class Peers:
         self._finished = threading.Event()
         self._watcher_idle = threading.Event()  # the watcher will not touch the store again
         self._watcher_idle.set()
+        self._beat_idle = threading.Event()  # the heartbeat will not touch the store again
+        self._beat_idle.set()
         self._joined = threading.Event()  # torchrun's agent has its rendezvous store (joined())
         self._store = None  # the main thread's connection (publishing, leaving)
 
@@ -157,7 +167,27 @@ class Peers:
 
     def start(self) -> None:
         self._watcher_idle.clear()
+        self._beat_idle.clear()
         threading.Thread(target=self._watch, name="trainer-launcher-peers", daemon=True).start()
+        threading.Thread(target=self._beat, name="trainer-launcher-beat", daemon=True).start()
+
+    def _beat(self) -> None:
+        """Count up this node's beat every BEAT seconds until it concludes, on a connection of its
+        own: the watcher stops at the stop record, and this node may take its grace period to stop
+        its ranks after it."""
+        try:
+            while not self._joined.wait(POLL):
+                if self._finished.is_set():
+                    return
+            store = self._connect(None, self._finished)
+            while store is not None:
+                store.add(beat_key(self.config.node_rank), 1)
+                if self._finished.wait(BEAT):
+                    return
+        except Exception:  # noqa: BLE001 - the store's host is gone: the watcher says so
+            return
+        finally:
+            self._beat_idle.set()
 
     def _watch(self) -> None:
         try:
@@ -260,7 +290,7 @@ class Peers:
             return [summary]
         try:
             store.set(node_key(self.config.node_rank), json.dumps(summary))
-            _barrier(store, DEPARTED, ALL_DEPARTED, self.config.nnodes, self.config.linger)
+            self._await_nodes(store)
             summaries = []
             for rank in range(self.config.nnodes):
                 key = node_key(rank)
@@ -271,6 +301,7 @@ class Peers:
         # The watcher's last look at the store is over at once (it waits on _finished), unless it
         # is answering a stacks request.
         self._watcher_idle.wait(DUMP_WAIT + CONNECT_TIMEOUT)
+        self._beat_idle.wait(CONNECT_TIMEOUT)
         others = [s["nodeRank"] for s in summaries if s["nodeRank"] != self.config.node_rank]
         try:
             if self.serves_store():
@@ -282,6 +313,26 @@ class Peers:
             pass
         return summaries
 
+    def _await_nodes(self, store) -> None:
+        """Arrive, and wait until every node did, ``linger`` seconds passed, or every node yet to
+        arrive has stopped beating for STALE seconds (a lost pod says nothing more)."""
+        nnodes, me = self.config.nnodes, self.config.node_rank
+        if store.add(DEPARTED, 1) >= nnodes:
+            store.set(ALL_DEPARTED, "1")
+            return
+        start = time.monotonic()
+        beats: dict[int, tuple[int, float]] = {}  # node rank -> (its count, when it last changed)
+        while not store.check([ALL_DEPARTED]) and time.monotonic() < start + self.config.linger:
+            time.sleep(POLL)
+            now = time.monotonic()
+            missing = [rank for rank in range(nnodes) if rank != me and not store.check([node_key(rank)])]
+            for rank in missing:
+                count = store.add(beat_key(rank), 0)
+                if beats.get(rank, (None,))[0] != count:
+                    beats[rank] = (count, now)
+            if missing and all(now - beats[rank][1] >= STALE for rank in missing):
+                return
+
     def serves_store(self) -> bool:
         """Whether this node's agent serves the job's store (torchrun's rendezvous made the
         server here: node rank 0 under Trainer, whichever node's address is the endpoint)."""
@@ -289,15 +340,6 @@ class Peers:
 
         serving = compat.serves_port(self.config.port)
         return self.config.node_rank == 0 if serving is None else serving
-
-
-def _barrier(store, counter: str, flag: str, count: int, timeout: float) -> None:
-    """Arrive, and wait until ``count`` nodes did or ``timeout`` passed."""
-    if store.add(counter, 1) >= count:
-        store.set(flag, "1")
-        return
-    with contextlib.suppress(Exception):  # a node never came, or the host left: we waited long enough
-        store.wait([flag], timedelta(seconds=timeout))
 
 
 def stop_local_ranks(workers: list, grace: float) -> None:

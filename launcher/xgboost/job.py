@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from launcher import status
-from launcher.core import lifecycle, python_argv
+from launcher.core import judge, lifecycle, python_argv
 from launcher.core.supervisor import Child
 from launcher.export.step import Export
 from launcher.xgboost import run as runner_module
@@ -376,7 +376,7 @@ class XGBoostPod(lifecycle.Pod):
 
     def judge(self, life: lifecycle.Life) -> Outcome:
         """This pod's own outcome, from what has happened so far."""
-        from launcher.core.outcome import RootCause, classify, last_lines, success, terminated
+        from launcher.core.outcome import RootCause, last_lines, success, terminated
 
         supervisor, node = life.supervisor, life.node
         if life.watch is not None and life.watch.hang is not None:
@@ -390,22 +390,15 @@ class XGBoostPod(lifecycle.Pod):
             return success()
         codes = life.launcher.retryable_exit_codes
         if any(tracker is not None and first is tracker.child for tracker in (self.tracker, self.early_tracker)):
-            outcome = classify(
-                first.exit_status,
-                retryable_codes=codes,
-                evidence=first.evidence,
-                root_cause=RootCause(node=node),
-                what=f"the XGBoost tracker on {node}",
+            evidence = judge.gather(first.exit_status, first.marks, memory_before=life.memory)
+            outcome = judge.verdict(
+                evidence, codes=codes, root_cause=RootCause(node=node), what=f"the XGBoost tracker on {node}"
             )
             return outcome.with_extra(**last_lines(first.tail))
         spawned = self._root_worker(first)
         if spawned is None:  # a runner the plan had sent away: it failed before its go word
-            early = classify(
-                first.exit_status,
-                retryable_codes=codes,
-                evidence=first.evidence,
-                what=f"the XGBoost worker started early on {node}",
-            )
+            evidence = judge.gather(first.exit_status, first.marks, memory_before=life.memory)
+            early = judge.verdict(evidence, codes=codes, what=f"the XGBoost worker started early on {node}")
             return early.with_extra(**last_lines(first.tail)).on_node(node)
         return self._worker_outcome(life, spawned)
 
@@ -426,7 +419,7 @@ class XGBoostPod(lifecycle.Pod):
         return min(own, key=_exited_at) if own else spawned
 
     def _worker_outcome(self, life: lifecycle.Life, spawned: _Spawned) -> Outcome:
-        from launcher.core.outcome import Outcome, Reasons, RootCause, classify, internal_error, last_lines, signal_name
+        from launcher.core.outcome import Outcome, Reasons, RootCause, internal_error, last_lines, signal_name
 
         child, worker, node = _made(spawned.child, "a worker"), spawned.worker, life.node
         returncode = child.exit_status
@@ -457,13 +450,8 @@ class XGBoostPod(lifecycle.Pod):
                 evidence=f"connection closed by peer: {said}"[:500],
             )
         else:
-            outcome = classify(
-                returncode,
-                retryable_codes=life.launcher.retryable_exit_codes,
-                evidence=child.evidence,
-                root_cause=cause,
-                what=what,
-            )
+            evidence = judge.gather(returncode, child.marks, memory_before=life.memory)
+            outcome = judge.verdict(evidence, codes=life.launcher.retryable_exit_codes, root_cause=cause, what=what)
         if report.get("error"):
             outcome = outcome.with_extra(error=report["error"])
         return outcome.with_extra(**last_lines(child.tail))

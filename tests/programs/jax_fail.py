@@ -1,6 +1,7 @@
 """A JAX process that meets the others in a collective, then (process FAIL_ID only) fails the way
 FAIL_HOW says, while the others block in the next collective: ``exit`` (sys.exit(FAIL_CODE)),
-``raise`` (an exception) or ``kill`` (SIGKILL itself, no word to anyone)."""
+``raise`` (an exception), ``kill`` (SIGKILL itself, no word to anyone) or ``signal:<NAME>`` (that
+signal to itself: SIGSEGV for a native crash)."""
 
 import gc
 import os
@@ -24,6 +25,8 @@ if jax.process_index() == int(os.environ.get("FAIL_ID", "1")):
         raise ValueError("the loss is NaN")
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if how.startswith("signal:"):
+        os.kill(os.getpid(), signal.Signals[how.split(":")[1]])
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))
 multihost_utils.process_allgather(jnp.array(jax.process_index()))
 print("unreachable: a peer failed before this collective", flush=True)

@@ -1,12 +1,13 @@
 """An MPI rank for the tests: reports who and where it is, and what it can see.
 
 REPORT_DIR  each rank writes <rank>.json (rank, size, hostname, JOB_ONLY value, allreduce)
-BEHAVIOUR   ok (default) | exit:<code> | raise:<message> (on FAIL_RANK, after the allreduce;
-            the other ranks sleep 60 s, so only an abort ends them sooner)
+BEHAVIOUR   ok (default) | exit:<code> | raise:<message> | signal:<NAME> (on FAIL_RANK, after the
+            allreduce; the other ranks sleep 60 s, so only an abort ends them sooner)
 """
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -32,6 +33,8 @@ if behaviour != "ok":
         how, _, what = behaviour.partition(":")
         if how == "raise":
             raise RuntimeError(what)
+        if how == "signal":
+            os.kill(os.getpid(), signal.Signals[what])
         sys.exit(int(what))
     time.sleep(60)
 comm.Barrier()

@@ -4,13 +4,14 @@ JSON report, both atomically, in $OUT_DIR.
 
 BEHAVIOUR: train (default); exit:N (task $FAIL_TASK exits N after boosting round 2, the others
 keep training); crash:N (the same through os._exit(N): no exception, no collective shutdown, as a
-crash); sleep (write the report, then sleep: for signal tests); raise (task $FAIL_TASK raises
+crash); signal:NAME (the task sends itself that signal: SIGSEGV for a native crash); sleep (write the report, then sleep: for signal tests); raise (task $FAIL_TASK raises
 ValueError after round 2).
 """
 
 import gc
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -46,6 +47,9 @@ def report(**extra) -> None:
 class FailAfterRound(xgb.callback.TrainingCallback):
     def after_iteration(self, model, epoch, evals_log):
         if task == fail_task and epoch == 2:
+            if behaviour.startswith("signal:"):
+                print(f"task {task} sends itself {behaviour[7:]}", flush=True)
+                os.kill(os.getpid(), signal.Signals[behaviour[7:]])
             if behaviour.startswith("crash:"):
                 print(f"task {task} crashes with {behaviour[6:]}", flush=True)
                 os._exit(int(behaviour[6:]))
