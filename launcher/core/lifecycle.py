@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -86,6 +87,20 @@ class Planned:
     summary: str  # the plan's one log line ("": none)
     sends: bool = False  # this pod reports the job to the status server (one sender per job)
     watch: dict = field(default_factory=dict)  # more for the status watch (launcher.status.monitor.start)
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """What a pod waits for before its go word, as its plan describes it. The lifecycle does the
+    waiting: its deadline (``LAUNCHER_RENDEZVOUS_TIMEOUT`` from the start of the wait), its
+    backoff on the supervisor's sleep (a signal ends it), its log lines and its timeout's message."""
+
+    resolve: str | None = None  # a name that must resolve
+    connect: tuple[str, int] | None = None  # then a host:port that must accept TCP
+    hosts: tuple[str, ...] = ()  # every one of these must resolve and accept TCP on ``port``
+    port: int = 0
+    cap: float | None = None  # the longest pause between two looks (None: the usual backoff)
+    who: str | None = None  # what they are, for the timeout's message ("the tracker (pod 0)")
 
 
 class _Pipe:
@@ -160,6 +175,7 @@ class Life:
         self.watch: JobWatch | None = None
         self.watched: dict[str, str] = {}  # the watch's variables for the job's processes
         self.interrupted = False  # the wait was cut short by a signal or an early exit
+        self.deadline = 0.0  # of the wait for the peers (monotonic), set as the job starts
         # The container's memory cgroup before the job: the judge compares the kernel's OOM count.
         self.memory = memory.read()
         self._pipes: list[GoPipe | Listen] = []
@@ -266,9 +282,14 @@ class Pod:
     def start(self, life: Life) -> None:
         """Start what the plan asks for before the wait (the rest comes with :meth:`go`)."""
 
+    def awaits(self, life: Life) -> Awaited | None:
+        """The names and ports to wait for before the go word (the lifecycle waits); None: none."""
+        return None
+
     def wait(self, life: Life) -> None:
-        """Wait for the peers, serving the supervisor (``supervisor.sleep``): Interrupted when the
-        job stops meanwhile, a LauncherError (say WaitTimeout) when a peer never came."""
+        """What else to wait for once :meth:`awaits` is through, before ``life.deadline``, serving the
+        supervisor (``supervisor.sleep``): Interrupted when the job stops meanwhile, a LauncherError
+        (say WaitTimeout) when it never came."""
 
     def wait_failed(self, life: Life, error: LauncherError) -> Outcome:
         """The outcome of a wait that failed, once everything started is gone."""
@@ -335,7 +356,11 @@ def _walk(
         if life.watch is not None:
             life.watched = life.watch.rank_env()
     try:
+        life.deadline = time.monotonic() + launcher.rendezvous_timeout
         pod.start(life)
+        awaited = pod.awaits(life)
+        if awaited is not None:
+            _await(life, awaited)
         pod.wait(life)
     except Interrupted:
         life.interrupted = True  # judged below
@@ -355,3 +380,27 @@ def _walk(
         own = life.watch.hang  # the watch ended the job as hung: the exits are its teardown
     outcome = pod.conclude(life, own)
     return export.after(life, outcome) if export is not None else outcome
+
+
+def _await(life: Life, awaited: Awaited) -> None:
+    """Wait for what the pod's plan names, on the supervisor's sleep, until ``life.deadline``."""
+    from launcher.core import log, netwait
+    from launcher.core.outcome import WaitTimeout
+
+    supervisor, deadline, cap = life.supervisor, life.deadline, awaited.cap
+
+    def sleep(seconds: float) -> None:
+        supervisor.sleep(seconds if cap is None else min(seconds, cap))
+
+    try:
+        if awaited.resolve:
+            netwait.wait_until_resolves(awaited.resolve, deadline, sleep, log.info)
+        if awaited.connect:
+            netwait.wait_until_accepts(*awaited.connect, deadline, sleep, log.info)
+        if awaited.hosts:
+            netwait.wait_until_hosts_accept(awaited.hosts, awaited.port, deadline, sleep, log.info)
+    except WaitTimeout as error:
+        if awaited.who is None:
+            raise
+        timeout = life.launcher.rendezvous_timeout
+        raise WaitTimeout(f"{awaited.who} never came up within {timeout:g}s: {error}") from None

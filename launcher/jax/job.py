@@ -82,8 +82,12 @@ class JaxPod(lifecycle.Pod):
             self.runner = None
         return lifecycle.Planned(plan, plan.node, _summary(plan), sends=plan.process_id == 0)
 
-    def wait(self, life: lifecycle.Life) -> None:
-        _wait(life.plan, life.launcher, life.supervisor)
+    def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
+        """Process 0: its own name resolves (its client reaches its service through it). The others:
+        the coordinator's name resolves and its port accepts. Its port opens a second or two after
+        process 0's launcher started (its jax import, its service): a short, capped backoff lets the
+        others start within PROBE_CAP of it."""
+        return lifecycle.Awaited(resolve=life.plan.resolve, connect=life.plan.connect, cap=PROBE_CAP)
 
     def wait_failed(self, life: lifecycle.Life, error) -> Outcome:
         from launcher.core.outcome import WaitTimeout
@@ -162,25 +166,6 @@ def _summary(plan: JaxPlan) -> str:
     gpus = f", {plan.gpu_count} GPUs in one process" if plan.gpu_count else ""
     how = "initialized by the launcher" if plan.runner else "the program initializes JAX"
     return f"jax: {where}{coordinator}{gpus}; {how}: {' '.join(plan.argv)}"
-
-
-def _wait(plan: JaxPlan, launcher: LauncherSettings, supervisor: Supervisor) -> None:
-    """Process 0: its own name resolves (its client reaches its service through it). The others:
-    the coordinator's name resolves and its port accepts. WaitTimeout (138) names what never did."""
-    import time
-
-    from launcher.core import log, netwait
-
-    def sleep(seconds: float) -> None:
-        # Process 0's port opens a second or two after its own launcher started (its jax import,
-        # its service): a short, capped backoff lets the others start within PROBE_CAP of it.
-        supervisor.sleep(min(seconds, PROBE_CAP))
-
-    deadline = time.monotonic() + launcher.rendezvous_timeout
-    if plan.resolve:
-        netwait.wait_until_resolves(plan.resolve, deadline, sleep, log.info)
-    if plan.connect:
-        netwait.wait_until_accepts(*plan.connect, deadline, sleep, log.info)
 
 
 def _coordinator_never_came(plan: JaxPlan, launcher: LauncherSettings, error: WaitTimeout) -> Outcome:

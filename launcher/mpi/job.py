@@ -9,12 +9,11 @@ import re
 import shutil
 import socket
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import replace
 
 from launcher import status
-from launcher.core import judge, lifecycle, log, netwait, settings, versions
+from launcher.core import judge, lifecycle, log, settings, versions
 from launcher.core.exec_job import CommandPod, node_name
 from launcher.core.outcome import (
     PEER_LOSS_PATTERN,
@@ -157,12 +156,9 @@ class MpiPod(CommandPod):
         watch = {"relays": False, "board_at": self.facing if plan.wait_hosts else None}
         return lifecycle.Planned(plan, node_name(), summary, sends=True, watch=watch)
 
-    def wait(self, life: lifecycle.Life) -> None:
+    def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
         """Every worker's sshd accepts."""
-        plan = life.plan
-        if plan.wait_hosts:
-            deadline = time.monotonic() + life.launcher.rendezvous_timeout
-            netwait.wait_until_hosts_accept(plan.wait_hosts, plan.ssh_port, deadline, life.supervisor.sleep, log.info)
+        return lifecycle.Awaited(hosts=life.plan.wait_hosts, port=life.plan.ssh_port)
 
     def go(self, life: lifecycle.Life) -> None:
         env = self.env if self.env is not None else settings.environ()  # as CommandPod.go reads it

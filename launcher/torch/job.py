@@ -129,8 +129,8 @@ class TorchPod(lifecycle.Pod):
         plan, host = make_plan(self.rest, launcher=life.launcher)
         return lifecycle.Planned(plan, host.hostname, _summary(plan), sends=plan.node_rank == 0)
 
-    def wait(self, life: lifecycle.Life) -> None:
-        _wait(life.plan, life.launcher, life.supervisor)
+    def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
+        return lifecycle.Awaited(resolve=life.plan.wait.resolve, connect=life.plan.wait.connect)
 
     def go(self, life: lifecycle.Life) -> None:
         plan, monitor = life.plan, life.watch
@@ -239,16 +239,6 @@ def _peers(plan: TorchPlan, node: str, grace: float) -> dict | None:
 def _summary(plan: TorchPlan) -> str:
     where = f"node {plan.node_rank} of {plan.nnodes}"
     return f"torch: {plan.mode} rendezvous, {where}, {plan.nproc_per_node} processes per node: {' '.join(plan.argv)}"
-
-
-def _wait(plan: TorchPlan, launcher: LauncherSettings, supervisor: Supervisor) -> None:
-    from launcher.core import log, netwait
-
-    deadline = time.monotonic() + launcher.rendezvous_timeout
-    if plan.wait.resolve:
-        netwait.wait_until_resolves(plan.wait.resolve, deadline, supervisor.sleep, log.info)
-    if plan.wait.connect:
-        netwait.wait_until_accepts(*plan.wait.connect, deadline, supervisor.sleep, log.info)
 
 
 def _read_json(path: str, default):

@@ -156,7 +156,6 @@ class XGBoostPod(lifecycle.Pod):
         self.joined: set[int] = set()
         self.join_timeout: Outcome | None = None
         self.stops: Stops | None = None
-        self.deadline = 0.0  # of the wait for the tracker
 
     # --- starting ------------------------------------------------------------------------------
 
@@ -192,7 +191,6 @@ class XGBoostPod(lifecycle.Pod):
     def start(self, life: lifecycle.Life) -> None:
         from launcher.xgboost.stops import Stops
 
-        self.deadline = time.monotonic() + life.launcher.rendezvous_timeout
         self.stops = Stops(life.supervisor, life.plan, life.launcher.retryable_exit_codes)
         life.closing(self.stops.close)
         self.stops.open()
@@ -269,25 +267,20 @@ class XGBoostPod(lifecycle.Pod):
 
     # --- waiting -------------------------------------------------------------------------------
 
+    def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
+        """The tracker's name, then its port (other pods)."""
+        return lifecycle.Awaited(
+            resolve=life.plan.resolve,
+            connect=life.plan.connect,
+            cap=KNOCK_INTERVAL,
+            who="the XGBoost tracker (DMLC_TRACKER_URI:DMLC_TRACKER_PORT, pod 0)",
+        )
+
     def wait(self, life: lifecycle.Life) -> None:
-        """The tracker's name, then its port (other pods) or its ready word (pod 0)."""
-        from launcher.core import log, netwait
+        """Pod 0: its own tracker's ready word."""
         from launcher.core.outcome import WaitTimeout
 
-        plan, supervisor, deadline = life.plan, life.supervisor, self.deadline
-        try:
-            if plan.resolve:
-                netwait.wait_until_resolves(plan.resolve, deadline, supervisor.sleep, log.info)
-            if plan.connect:
-                host, port = plan.connect
-                netwait.wait_until_accepts(
-                    host, port, deadline, lambda s: supervisor.sleep(min(s, KNOCK_INTERVAL)), log.info
-                )
-        except WaitTimeout as error:
-            raise WaitTimeout(
-                f"the XGBoost tracker (DMLC_TRACKER_URI:DMLC_TRACKER_PORT, pod 0) never came up "
-                f"within {life.launcher.rendezvous_timeout:g}s: {error}"
-            ) from None
+        plan, supervisor, deadline = life.plan, life.supervisor, life.deadline
         if (tracker := self.tracker) is not None:
             while not tracker.ready:
                 if time.monotonic() >= deadline:

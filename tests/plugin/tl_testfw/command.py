@@ -9,13 +9,12 @@ launcher's core and services, reached through their public modules.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Annotated
 
 from pydantic_settings import NoDecode
 
 from launcher import status
-from launcher.core import lifecycle, netwait, settings
+from launcher.core import lifecycle, settings
 from launcher.core.exec_job import CommandPod, node_name
 from launcher.core.knobs import Knob, Override
 from launcher.core.outcome import ConfigError
@@ -63,7 +62,5 @@ class TestFwPod(CommandPod):
         self.env = {**settings.environ(), "TESTFW_WORLD_SIZE": str(self.testfw.world)}
         return lifecycle.Planned(None, node_name(), "", sends=True)
 
-    def wait(self, life: lifecycle.Life) -> None:
-        if self.testfw.peer is not None:
-            deadline = time.monotonic() + life.launcher.rendezvous_timeout
-            netwait.wait_until_accepts(*self.testfw.peer, deadline, life.supervisor.sleep)
+    def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
+        return lifecycle.Awaited(connect=self.testfw.peer)
