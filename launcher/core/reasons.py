@@ -118,8 +118,8 @@ class Reasons:
     CRASHED = Reason("Crashed", rule=SIGNAL)  # SIGSEGV, SIGILL, SIGFPE, SIGBUS
     NODE_FAULT = Reason("NodeFault", TRANSIENT)  # its output, or a preflight check, shows it
     # How a job ended around this pod.
-    # A pod that only serves the job (an MPI worker's sshd) was stopped, as it is once the job has
-    # ended: its pod is done, and how the job ended is another pod's to say.
+    # A pod that only serves the job (a worker whose sshd another pod's launcher uses) was stopped,
+    # as it is once the job has ended: its pod is done, and how the job ended is another pod's to say.
     STOPPED = Reason("Stopped", SUCCESS)
     TERMINATED = Reason("Terminated", rule=SIGNAL)  # the launcher was asked to stop
     PEER_FAILED = Reason("PeerFailed", rule=CAUSE)  # another pod failed first: its code
