@@ -93,6 +93,9 @@ WHAT_TO_DO: dict[str, str] = {
     "`LAUNCHER_RETRYABLE_PATTERN`), or the preflight (`smoke`) found this node broken or slow. `evidence` "
     "holds the line. Another rank's \"connection reset by peer\" is never such a fault: it is that rank "
     "losing the one that failed. The job is retried; if it keeps failing on one node, cordon that node.",
+    "Stopped": "A pod that only serves the job, an MPI worker's sshd, was stopped, as the JobSet stops "
+    "the workers once the job has ended: it exits 0 without knowing how the job ended. The launcher "
+    "pod's log and termination message say that. Nothing to do here.",
     "Terminated": "The launcher was asked to stop (the pod was deleted or preempted, Ctrl-C) and stopped "
     "the job: 128 + that signal, 143 for SIGTERM. Nothing is wrong with the job itself.",
     "PeerFailed": "Another node or pod failed first, and this one stopped its ranks because of it. It "

@@ -83,6 +83,38 @@ def test_keep_nproc_keeps_the_controllers_count(how):
     assert json.loads(result.stdout)["nprocPerNode"] == 8
 
 
+# Issue 36: 4 GPUs, PET_NPROC_PER_NODE=1. As above, only the device probe is replaced (no GPU here).
+_FOUR_GPUS = (
+    "import sys\nfrom launcher.core import devices\n"
+    "devices.probe_host = lambda env: devices.HostFacts('tj-node-0-0', 4, 4.0, 8, False)\n"
+    "from launcher.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+)
+IDLE_GPUS = "PET_NPROC_PER_NODE=1 but 4 NVIDIA GPUs are visible (/dev/nvidiaN): 1 process leaves 3 idle"
+
+
+def test_plan_warns_once_of_gpus_the_controllers_count_leaves_idle():
+    result = subprocess.run([sys.executable, "-c", _FOUR_GPUS, "plan", "--", "train.py"],
+                            env=clean_env(PET_NPROC_PER_NODE="1"), cwd=REPO, capture_output=True, text=True,
+                            check=True)
+    plan = json.loads(result.stdout)
+
+    assert plan["nprocPerNode"] == 1
+    assert plan["warnings"][0].startswith(IDLE_GPUS)
+    assert result.stderr.splitlines() == [f"trainer-launcher: warning: {plan['warnings'][0]}"]
+
+
+def test_a_run_logs_the_idle_gpus_before_its_plan_and_runs_the_count_it_was_given(tmp_path):
+    program = tmp_path / "train.py"
+    program.write_text("import os\nprint('world', os.environ['WORLD_SIZE'])\n")
+    result = subprocess.run([sys.executable, "-c", _FOUR_GPUS, "torch", "--", str(program)],
+                            env=clean_env(PET_NPROC_PER_NODE="1"), cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "world 1\n"
+    assert result.stderr.splitlines()[0].startswith(f"trainer-launcher: warning: {IDLE_GPUS}"), result.stderr
+
+
 SECRET = "hf_S3cretValueFromTheEnv42"
 
 

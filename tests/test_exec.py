@@ -23,10 +23,12 @@ def test_the_command_exit_code_is_the_launcher_exit_code(tmp_path):
     assert message["lastLines"] == ["working"]
 
 
-def test_success_is_zero_and_output_passes_through_byte_for_byte(tmp_path):
-    job = run(tmp_path, "sh", "-c", "printf 'no newline'; printf 'err\\n' >&2")
+def test_success_is_zero_and_output_passes_through_byte_for_byte_its_last_line_ended(tmp_path):
+    """Byte for byte, but a last line without its newline gets one: a pod's log would show it
+    after the launcher's verdict (tests/test_output_order.py)."""
+    job = run(tmp_path, "sh", "-c", "printf 'no \\r\\n\\tnewline'; printf 'err\\n' >&2")
     assert job.process.returncode == 0
-    assert job.stdout == "no newline"
+    assert job.out.read_bytes() == b"no \r\n\tnewline\n"
     assert "err\n" in job.stderr
 
 

@@ -109,6 +109,10 @@ def test_a_rank_that_exits_3_ends_the_whole_job_with_3_naming_rank_and_host(mpi,
         assert message["rootCause"]["rank"] == 1 and message["failedRanks"] == [1]
         assert message["rootCause"]["node"].startswith("local-node-0-1")
         assert "rank 1 on local-node-0-1" in job.stderr
+    # The workers, stopped as the job ended, do not claim what only the launcher pod knows.
+    assert "the job succeeded" not in job.stderr, job.stderr
+    for worker in ("local-node-0-0", "local-node-0-1"):
+        assert f"[{worker}] trainer-launcher: mpi worker: " in job.stderr
     # Another python runs it as `python -m mpi4py`: the rank comes from mpirun's "rank 1
     # aborted" line when its output forwarding delivers it before the abort, not every time.
 
@@ -207,9 +211,15 @@ def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, u
                   "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectionAttempts=20",
                   f"{user}@127.0.0.1", "echo", "hello-from-sshd"]
         result = subprocess.run(drop + client, capture_output=True, text=True, timeout=60)
-        worker.signal(15)
-        assert worker.wait(30) in (0, 143)
+        worker.signal(15)  # as the JobSet stops the workers once the job has ended, well or not
+        # The worker cannot know how the job ended: it says so, and exits 0 (its pod is not a
+        # failure of the worker Job; the launcher's Job decides the JobSet), never "succeeded".
+        assert worker.wait(30) == 0, worker.stderr
         assert result.stdout.strip() == "hello-from-sshd", result.stderr + worker.stderr
+        assert "the job succeeded" not in worker.stderr
+        assert "the MPI job's outcome is the launcher pod's" in worker.stderr.splitlines()[-1], worker.stderr
+        message = json.loads((state / "termination.json").read_text())
+        assert (message["exitCode"], message["reason"]) == (0, "Stopped")
         assert oct((state / "ssh" / "id_key").stat().st_mode & 0o777) == "0o600"
     finally:
         shutil.rmtree(mount, ignore_errors=True)

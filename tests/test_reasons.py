@@ -76,7 +76,7 @@ def test_a_reason_with_a_code_of_its_own_takes_no_other_and_a_rule_needs_one():
 
 def test_the_names_are_the_ones_users_have_always_seen():
     assert {str(r): r.code for r in Reasons.all() if r.code is not None} == {
-        "Succeeded": 0, "NodeFault": 138, "PeerLost": 138, "Hang": 138, "RendezvousTimeout": 138,
+        "Succeeded": 0, "Stopped": 0, "NodeFault": 138, "PeerLost": 138, "Hang": 138, "RendezvousTimeout": 138,
         "RendezvousFailed": 138, "LauncherError": 70, "ConfigError": 2, "UnsupportedVersion": 2,
         "CommandNotFound": 127, "NotExecutable": 126, "HostKeyMismatch": 2, "DuplicateProcessId": 2,
         "Misconfigured": 2, "StorageUnavailable": 138, "LeaseTimeout": 138, "LeaseLost": 138,

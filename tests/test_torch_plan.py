@@ -215,13 +215,51 @@ def test_keep_nproc_keeps_the_controllers_number_and_says_so(make_plan):
     [
         pytest.param({"PET_NPROC_PER_NODE": "8"}, ("--nproc-per-node=8", "t.py"), host(gpus=2, accelerators=TWO_MIG), 8,
                      id="a-typed-count-is-the-users-word"),
-        pytest.param({"PET_NPROC_PER_NODE": "2"}, ("t.py",), host(accelerators=Accelerators("Gaudi HPU", 8, "x")), 2,
-                     id="fewer-processes-than-hpus-is-left-alone"),
         pytest.param({"PET_NPROC_PER_NODE": "16"}, ("t.py",), host(quota=16.0), 16, id="a-cpu-node-keeps-its-count"),
     ],
 )
 def test_nproc_is_fitted_only_when_the_controller_asked_for_more_than_there_are(make_plan, env, args, facts, expected):
     plan = make_plan(env, args=args, facts=facts)
+    assert plan.nproc_per_node == expected
+    assert plan.warnings == ()
+
+
+# Issue 36: PET_NPROC_PER_NODE=1 on a pod with 4 visible GPUs (kubeflow/trainer PR #3974: the
+# controller counts GPUs by resource name only) ran 1 process and said nothing of the 3 idle GPUs.
+FOUR_GPUS = host(gpus=4)  # the facts probe_host gives for 4 /dev/nvidiaN nodes (none exist here)
+
+
+def test_fewer_processes_than_visible_gpus_from_the_controller_are_kept_with_a_warning(make_plan):
+    plan = make_plan({**trainer_env(2, 1), "PET_NPROC_PER_NODE": "1"}, facts=FOUR_GPUS)
+
+    assert plan.nproc_per_node == 1 and value_of(plan, "--nproc-per-node") == "1"
+    assert plan.warnings == (
+        "PET_NPROC_PER_NODE=1 but 4 NVIDIA GPUs are visible (/dev/nvidiaN): 1 process leaves 3 idle, unless "
+        "it uses several. For one process per NVIDIA GPU set the TrainJob's numProcPerNode to 4, or check the "
+        "resource name the runtime requests (Trainer counts GPUs only under a name with \"gpu\" in it); to "
+        "run 1 on purpose, pass --nproc-per-node 1 to torchrun",)
+    assert plan.warnings[0] in plan.sources["nproc_per_node"]
+
+
+def test_fewer_processes_than_hpus_are_kept_with_a_warning_whatever_the_kind(make_plan):
+    plan = make_plan({"PET_NPROC_PER_NODE": "2"}, facts=host(accelerators=Accelerators("Gaudi HPU", 8, "/dev/accel")))
+
+    assert plan.nproc_per_node == 2
+    assert plan.warnings[0].startswith("PET_NPROC_PER_NODE=2 but 8 Gaudi HPUs are visible (/dev/accel): "
+                                       "2 processes leave 6 idle")
+
+
+@pytest.mark.parametrize(
+    "env, args, expected",
+    [
+        pytest.param({"PET_NPROC_PER_NODE": "4"}, ("--nproc-per-node", "1", "t.py"), 1,
+                     id="a-typed-count-is-the-users-deliberate-choice"),
+        pytest.param({"PET_NPROC_PER_NODE": "auto"}, ("t.py",), 4, id="auto-is-one-per-gpu"),
+        pytest.param({"PET_NPROC_PER_NODE": "4"}, ("t.py",), 4, id="one-per-gpu"),
+    ],
+)
+def test_no_word_when_every_gpu_has_its_process_or_the_user_typed_the_count(make_plan, env, args, expected):
+    plan = make_plan(env, args=args, facts=FOUR_GPUS)
     assert plan.nproc_per_node == expected
     assert plan.warnings == ()
 

@@ -328,6 +328,13 @@ def terminated(signum: int) -> Outcome:
     )
 
 
+def stopped(what: str, signum: int | None, holder: str) -> Outcome:
+    """``what`` serves the job and was stopped (by ``signum``, else it left on its own): exit 0,
+    neither a failure nor the job's success, which ``holder`` reports."""
+    how = f"stopped by {signal_name(signum)}" if signum is not None else "stopped"
+    return Outcome.of(Reasons.STOPPED, f"{what} {how}; {holder}")
+
+
 def success() -> Outcome:
     return Outcome.of(Reasons.SUCCEEDED, "the job succeeded")
 

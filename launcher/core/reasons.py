@@ -119,6 +119,9 @@ class Reasons:
     OUT_OF_MEMORY = Reason("OutOfMemory", rule=SIGNAL)  # SIGKILL, and the kernel counted an OOM kill
     NODE_FAULT = Reason("NodeFault", TRANSIENT)  # its output, or a preflight check, shows it
     # How a job ended around this pod.
+    # A pod that only serves the job (a worker whose sshd another pod's launcher uses) was stopped,
+    # as it is once the job has ended: its pod is done, and how the job ended is another pod's to say.
+    STOPPED = Reason("Stopped", SUCCESS)
     TERMINATED = Reason("Terminated", rule=SIGNAL)  # the launcher was asked to stop
     PEER_FAILED = Reason("PeerFailed", rule=CAUSE)  # another pod failed first: its code
     PEER_LOST = Reason("PeerLost", TRANSIENT)  # another pod went away without a word

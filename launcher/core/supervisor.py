@@ -114,11 +114,14 @@ class _Stream:
         for line in lines:
             self._line(line, write)
 
-    def close(self, write) -> None:
+    def end_line(self, write) -> None:
+        """The pipe is closed, or the job is over: a last line without its newline is a line, and
+        is ended here. A pod's log (the container runtime's) takes a line when its newline comes,
+        else when the container exits: after our verdict, which we write next (on stderr)."""
         if self.partial:
             self._line(self.partial, write)
-            if self.transform is None and self.target == 2:
-                write(2, b"\n")  # our own log lines follow on stderr: do not glue them on
+            if self.transform is None:
+                write(self.target, b"\n")
             self.partial = b""
 
     def _line(self, line: bytes, write) -> None:
@@ -141,6 +144,7 @@ class Supervisor:
         self._by_pid: dict[int, Child] = {}
         self._selector = selectors.DefaultSelector()
         self._streams: dict[int, _Stream] = {}
+        self._stdout_of: dict[int, _Stream] = {}  # by the child's pid, while its pipe is open
         self._watched: dict[int, Callable[[], None]] = {}
         self._closed_targets: set[int] = set()
         self._wake_r, self._wake_w = os.pipe()
@@ -221,6 +225,8 @@ class Supervisor:
             os.set_blocking(pipe.fileno(), False)
             stream = _Stream(pipe, child, target, transform, self._scan, self._observe)
             self._streams[stream.fd] = stream
+            if target == 1:
+                self._stdout_of[child.pid] = stream
             self._selector.register(stream.fd, selectors.EVENT_READ, stream)
         return child
 
@@ -258,6 +264,8 @@ class Supervisor:
         drain_until = time.monotonic() + 1.0
         while len(self._streams) and time.monotonic() < drain_until:
             self.poll(0.05)
+        for stream in self._streams.values():  # held open by an escaped process: the job is over
+            stream.end_line(self._write)
         return self.exits
 
     def sleep(self, seconds: float, until: Callable[[], bool] | None = None) -> None:
@@ -433,7 +441,11 @@ class Supervisor:
             observe(child, text)
 
     def _read(self, stream: _Stream) -> bool:
-        """Relay what one pipe holds; False once it is empty for now or closed."""
+        """Relay what one pipe holds; False once it is empty for now or closed. A child's stdout is
+        relayed before its stderr: what it wrote there first (a rank's line, then a nested
+        launcher's verdict) is in the pipe by now, and one read takes all a pipe holds."""
+        if stream.target == 2 and (out := self._stdout_of.get(stream.child.pid)) is not None:
+            self._read(out)
         try:
             data = os.read(stream.fd, 65536)
         except BlockingIOError:
@@ -447,7 +459,9 @@ class Supervisor:
         return False
 
     def _close_stream(self, stream: _Stream) -> None:
-        stream.close(self._write)
+        stream.end_line(self._write)
+        if self._stdout_of.get(stream.child.pid) is stream:
+            del self._stdout_of[stream.child.pid]
         self._selector.unregister(stream.fd)
         del self._streams[stream.fd]
         stream.pipe.close()

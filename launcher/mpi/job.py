@@ -23,6 +23,7 @@ from launcher.core.outcome import (
     RootCause,
     evidence_regex,
     signal_name,
+    stopped,
 )
 from launcher.core.settings import HostEnv, LauncherSettings, Override
 from launcher.core.supervisor import Child
@@ -313,7 +314,9 @@ def run_worker(launcher_overrides: dict[str, Override], mpi_overrides: dict[str,
 
 
 class MpiWorkerPod(CommandPod):
-    """The worker role: the private key's copies, then sshd on the port, supervised."""
+    """The worker role: the private key's copies, then sshd on the port, supervised. sshd serves
+    until the pod is stopped (the JobSet stops the workers once the launcher's Job has ended): a
+    worker never learns how the job ended, and says so; sshd failing on its own is its failure."""
 
     name = "mpi-worker"
 
@@ -339,3 +342,13 @@ class MpiWorkerPod(CommandPod):
             node_name(),
             f"mpi worker: sshd on port {mpi.ssh_port} as uid {os.getuid()} with keys from {mpi.ssh_auth_mount_path}",
         )
+
+    def judge(self, life: lifecycle.Life) -> Outcome:
+        own = super().judge(life)
+        if own.exit_code != 0:
+            return own
+        # Exit 0 as before: a stopped worker is no failure of the worker Job (whose podFailurePolicy
+        # fails on any code outside 0 and the retryable set), and the launcher's Job alone decides
+        # the JobSet (its successPolicy names only the launcher).
+        holder = "the MPI job's outcome is the launcher pod's (its log and termination message)"
+        return stopped("mpi worker: sshd", life.supervisor.received_signal, holder)

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from launcher.core.devices import HostFacts, resolve_nproc
+from launcher.core.devices import Accelerators, HostFacts, resolve_nproc
 from launcher.core.knobs import Override
 from launcher.core.outcome import ConfigError
 from launcher.status import flight
@@ -138,8 +138,10 @@ class TorchPlan:
 def fit_to_accelerators(nproc: int, source: str, host: HostFacts, keep: bool) -> tuple[int, str | None]:
     """Trainer sets PET_NPROC_PER_NODE to the CPU request when no resource name contains "gpu"
     (MIG slices, Neuron, Gaudi). One process per visible accelerator is then what the job means;
-    ``keep`` (LAUNCHER_KEEP_NPROC) keeps the number. Only the controller's variable is fitted: a
-    ``--nproc-per-node`` the user typed is taken as typed. Returns the count and a note, if any."""
+    ``keep`` (LAUNCHER_KEEP_NPROC) keeps the number. Fewer processes than accelerators are kept,
+    with a note: a process may use several, but more often the count missed them. Only the
+    controller's variable is fitted or noted: a ``--nproc-per-node`` the user typed is taken as
+    typed, and is how a user runs fewer on purpose. Returns the count and a note, if any."""
     accelerators = host.accelerator
     if source != "PET_NPROC_PER_NODE" or accelerators is None:
         return nproc, None
@@ -148,7 +150,9 @@ def fit_to_accelerators(nproc: int, source: str, host: HostFacts, keep: bool) ->
             f"PET_NPROC_PER_NODE={nproc} kept: {accelerators.kind}s are visible but could not be "
             f"counted ({accelerators.how})"
         )
-    if nproc <= accelerators.count:
+    if nproc < accelerators.count:
+        return nproc, _idle_accelerators(nproc, accelerators.count, accelerators)
+    if nproc == accelerators.count:
         return nproc, None
     if keep:
         return nproc, (
@@ -158,6 +162,18 @@ def fit_to_accelerators(nproc: int, source: str, host: HostFacts, keep: bool) ->
     return accelerators.count, (
         f"PET_NPROC_PER_NODE={nproc} but only {accelerators.count} {accelerators.kind}s are visible "
         f"({accelerators.how}): one process per {accelerators.kind}; LAUNCHER_KEEP_NPROC=1 keeps {nproc}"
+    )
+
+
+def _idle_accelerators(nproc: int, count: int, accelerators: Accelerators) -> str:
+    kind = accelerators.kind
+    processes = f"{nproc} process leaves" if nproc == 1 else f"{nproc} processes leave"
+    return (
+        f"PET_NPROC_PER_NODE={nproc} but {count} {kind}s are visible ({accelerators.how}): {processes} "
+        f"{count - nproc} idle, unless {'it uses' if nproc == 1 else 'each uses'} several. For one process per "
+        f"{kind} set the TrainJob's numProcPerNode to {count}, or check the resource name the runtime requests "
+        f'(Trainer counts GPUs only under a name with "gpu" in it); to run {nproc} on purpose, pass '
+        f"--nproc-per-node {nproc} to torchrun"
     )
 
 
