@@ -39,7 +39,7 @@ from launcher.xgboost.stops import SERVE_STEP
 
 if TYPE_CHECKING:
     from launcher.core.outcome import Outcome
-    from launcher.core.settings import Override
+    from launcher.core.settings import LauncherSettings, Override
     from launcher.xgboost.plan import Worker, XGBoostPlan
     from launcher.xgboost.stops import Stops
 
@@ -52,15 +52,19 @@ PLACEHOLDER = ("python", "SCRIPT")
 KNOCK_INTERVAL = 0.2
 
 
-def make_plan(xgboost_overrides: dict[str, Override], rest: list[str], require_program: bool = True) -> XGBoostPlan:
+def make_plan(
+    xgboost_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings, require_program: bool = True
+) -> XGBoostPlan:
     """Read and validate DMLC_* and the knobs, read the host, plan this pod."""
-    from launcher.core import settings
+    from launcher.core import settings, versions
     from launcher.core.devices import probe_host
     from launcher.core.outcome import ConfigError
     from launcher.core.settings import HostEnv
     from launcher.xgboost.plan import XGBoostFacts, plan_xgboost
     from launcher.xgboost.settings import XGBoostSettings, load_xgboost
 
+    # This interpreter's Python; the runners check the program's xgboost where it runs.
+    versions.check("python", allow=launcher.allow_untested_versions)
     xgboost = load_xgboost(xgboost_overrides)
     if not rest:
         if require_program:
@@ -181,11 +185,7 @@ class XGBoostPod(lifecycle.Pod):
         self.early_runner = life.spawn("worker-0", argv, pipes=(self.runner_go,), keep=(self.joined_pipe,))
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
-        from launcher.core import versions
-
-        # This interpreter's Python; the runners check the program's xgboost where it runs.
-        versions.check("python", allow=life.launcher.allow_untested_versions)
-        plan = make_plan(self.xgboost_overrides, self.rest)
+        plan = make_plan(self.xgboost_overrides, self.rest, life.launcher)
         return lifecycle.Planned(plan, plan.node, _summary(plan), sends=plan.pod_index == 0)
 
     def start(self, life: lifecycle.Life) -> None:
