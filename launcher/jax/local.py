@@ -4,13 +4,9 @@ JOB_COMPLETION_INDEX, HOSTNAME)."""
 
 from __future__ import annotations
 
-import sys
-
-from launcher.core import settings
-from launcher.core.outcome import ConfigError, Outcome
-from launcher.core.report import run_command
-from launcher.core.settings import LauncherSettings, Override
-from launcher.local.nodes import Pods, knob_args, pods, port, run_pods
+from launcher.core.outcome import ConfigError
+from launcher.core.settings import Override
+from launcher.local.nodes import Pods, pods, port, run_framework_pods
 
 # The controller owns these; a caller's own would otherwise leak into every pod.
 CONTROLLER_VARIABLES = ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS")
@@ -39,26 +35,15 @@ def run_local(
     master_port: str | None,
     isolation: str,
 ) -> int:
-    def body(launcher: LauncherSettings) -> Outcome:
-        job = pods(nnodes, trainjob, isolation)
+    def setup(job: Pods):
         if nproc_per_node.strip() != "1":
             raise ConfigError(
                 "--nproc-per-node", nproc_per_node, "1: a JAX pod runs one process, which uses every device of its pod"
             )
         coordinator_port = port(master_port)
-        if not rest:
-            raise ConfigError(
-                "PROGRAM",
-                None,
-                "a program: trainer-launcher local --framework jax --nnodes N -- python SCRIPT [ARGS...]",
-            )
-        knobs = knob_args(launcher_overrides) + knob_args(jax_overrides)
-
-        def pod_command(index: int) -> tuple[list[str], dict[str, str]]:
-            argv = [sys.executable, "-m", "launcher", "jax", *knobs, "--", *rest]
-            return argv, node_env(job, index, coordinator_port, settings.environ())
-
         summary = f"{job.nnodes} JAX processes, one per node, coordinator {job.address(0)}:{coordinator_port}"
-        return run_pods(job, launcher, summary, pod_command)
+        return (lambda index, base: node_env(job, index, coordinator_port, base)), summary
 
-    return run_command(launcher_overrides, body)
+    return run_framework_pods(
+        "jax", launcher_overrides, jax_overrides, rest, lambda: pods(nnodes, trainjob, isolation), setup
+    )

@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -164,6 +165,44 @@ def port(raw: str | None, flag: str = "--master-port", span: int = 1) -> int:
 def knob_args(overrides: dict[str, Override]) -> list[str]:
     """The launcher options the user gave ``local``, for each pod's launcher (each pod has its own log)."""
     return [arg for name, o in overrides.items() if name != "termination_log" for arg in (o.source, str(o.value))]
+
+
+# How a framework's pod is set up once the pods are known: its environment for pod i (given the
+# caller's), and the job's one-line summary.
+PodSetup = Callable[[Pods], tuple[Callable[[int, dict[str, str]], dict[str, str]], str]]
+
+
+def run_framework_pods(
+    framework: str,
+    launcher_overrides: dict[str, Override],
+    framework_overrides: dict[str, Override],
+    rest: list[str],
+    pods_of: Callable[[], Pods],
+    setup: PodSetup,
+) -> int:
+    """``local`` for a framework whose every pod runs ``trainer-launcher FRAMEWORK -- PROGRAM``
+    with the options given: ``setup`` validates the framework's own flags and says each pod's
+    environment (what the controller injects) and the summary."""
+    from launcher.core.report import run_command
+
+    def body(launcher: LauncherSettings) -> Outcome:
+        job = pods_of()
+        env_of, summary = setup(job)
+        if not rest:
+            raise ConfigError(
+                "PROGRAM",
+                None,
+                f"a program: trainer-launcher local --framework {framework} --nnodes N -- python SCRIPT [ARGS...]",
+            )
+        knobs = knob_args(launcher_overrides) + knob_args(framework_overrides)
+
+        def pod_command(index: int) -> tuple[list[str], dict[str, str]]:
+            argv = [sys.executable, "-m", "launcher", framework, *knobs, "--", *rest]
+            return argv, env_of(index, settings.environ())
+
+        return run_pods(job, launcher, summary, pod_command)
+
+    return run_command(launcher_overrides, body)
 
 
 def run_pods(

@@ -9,13 +9,10 @@ per-GPU task ids run for real on CPU.
 
 from __future__ import annotations
 
-import sys
-
 from launcher.core import settings
-from launcher.core.outcome import ConfigError, Outcome
-from launcher.core.report import run_command
-from launcher.core.settings import LauncherSettings, Override
-from launcher.local.nodes import Pods, knob_args, pods, port, run_pods
+from launcher.core.outcome import ConfigError
+from launcher.core.settings import Override
+from launcher.local.nodes import Pods, pods, port, run_framework_pods
 from launcher.xgboost import board
 from launcher.xgboost.knobs import XGBOOST_KNOBS
 
@@ -56,8 +53,7 @@ def run_local(
     master_port: str | None,
     isolation: str,
 ) -> int:
-    def body(launcher: LauncherSettings) -> Outcome:
-        job = pods(nnodes, trainjob, isolation)
+    def setup(job: Pods):
         try:
             per_pod = settings.int_in(1, MAX_PER_POD, "a worker count")(nproc_per_node)
         except ValueError as error:
@@ -65,22 +61,12 @@ def run_local(
                 "--nproc-per-node", nproc_per_node, f"{error}: the GPUs each emulated pod stands for (1: a CPU pod)"
             ) from None
         tracker_port = tracker_port_for(master_port)
-        if not rest:
-            raise ConfigError(
-                "PROGRAM",
-                None,
-                "a program: trainer-launcher local --framework xgboost --nnodes N -- python SCRIPT [ARGS...]",
-            )
-        knobs = knob_args(launcher_overrides) + knob_args(xgboost_overrides)
-
-        def pod_command(index: int) -> tuple[list[str], dict[str, str]]:
-            argv = [sys.executable, "-m", "launcher", "xgboost", *knobs, "--", *rest]
-            return argv, node_env(job, index, per_pod, tracker_port, settings.environ())
-
         summary = (
             f"{job.nnodes} pods x {per_pod} XGBoost worker(s), tracker {job.address(0)}:{tracker_port} "
             "(DMLC_TRACKER_URI)"
         )
-        return run_pods(job, launcher, summary, pod_command)
+        return (lambda index, base: node_env(job, index, per_pod, tracker_port, base)), summary
 
-    return run_command(launcher_overrides, body)
+    return run_framework_pods(
+        "xgboost", launcher_overrides, xgboost_overrides, rest, lambda: pods(nnodes, trainjob, isolation), setup
+    )
