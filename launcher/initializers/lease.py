@@ -19,7 +19,11 @@ a claim for X means nothing once the lease reads anything else. Claim ``n+1`` is
 claim ``n`` stayed taken while X stayed unchanged for another TTL (its winner died mid-takeover).
 A holder that finds someone else's id in the lease (it was paused for longer than the TTL) steps
 down at once: ``on_lost`` (from the heartbeat thread) has the initializer stop its download and
-exit retryably rather than let two writers run.
+exit retryably rather than let two writers run. It steps down only on that evidence, never
+because its own beats were late: a late beat that nobody acted on costs nothing. A holder paused
+past the TTL looks dead to a waiter on another node and can be taken over whatever the TTL, so
+``release`` finds out whether the lease was still its own (if so, no other initializer took it
+meanwhile) and logs a loss that no beat caught.
 """
 
 from __future__ import annotations
@@ -209,6 +213,9 @@ class Lease:
     def __init__(self, path: str, fd: int, holder: Holder, on_lost: Callable[[str], None], log: Callable[[str], None]):
         self.path, self.fd, self.holder, self.on_lost, self.log = path, fd, holder, on_lost, log
         self._released = threading.Event()
+        self._lock = threading.Lock()  # one report of a loss: a beat's or release's
+        self._told = False
+        self.kept: bool | None = None  # set by release: whether the lease was still ours
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
         self._thread.start()
 
@@ -240,22 +247,41 @@ class Lease:
             last_ok = time.monotonic()
 
     def _lost(self, message: str) -> None:
-        if not self._released.is_set():
-            self.on_lost(message)
+        with self._lock:  # one report of a loss, never after release (which reports its own)
+            if self._told or self._released.is_set():
+                return
+            self._told = True
+        self.on_lost(message)
 
     def release(self) -> None:
-        """Remove the lease if it is still ours."""
-        if self._released.is_set():
-            return
-        self._released.set()
+        """Remove the lease if it is still ours, and set :attr:`kept`: True when it was (the lease
+        file was this one's throughout, so no other initializer took the lease while this one held
+        it); False when another had taken it over (this one did not renew it for the TTL, by the
+        taker's clock), which is logged here unless ``on_lost`` said so already, or when the lease
+        could not be read."""
+        with self._lock:
+            if self._released.is_set():
+                return
+            self._released.set()
+            told = self._told
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        self.kept = False
         try:
-            current = Holder.decode(_read(self.path))
+            raw = _read(self.path)
+            current = Holder.decode(raw)
             if current is not None and current.id == self.holder.id:
                 os.unlink(self.path)
-        except OSError:
-            pass  # a waiter takes it over after the TTL
+                self.kept = True
+            elif not told:
+                state = f"held by {current.who()}" if current else ("gone" if raw is None else "unreadable")
+                self.log(
+                    f"the lease {self.path} was no longer this initializer's when it released it ({state}): "
+                    f"another one took it over, having seen no renewal for {self.holder.ttl:.0f}s, and may "
+                    f"have written the target meanwhile"
+                )
+        except OSError as error:
+            self.log(f"could not release the lease {self.path} ({error}); a waiter takes it over after the TTL")
         finally:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
