@@ -53,10 +53,11 @@ def test_a_ddp_script_that_never_destroys_its_group_succeeds_every_time(tmp_path
     ("abort", 134, "SIGABRT"),
 ])
 def test_the_programs_own_ending_is_kept(tmp_path, end, code, says):
-    """sys.exit(3) still exits 3, an uncaught exception 1, and a rank that aborts holding its group
-    is still killed by SIGABRT (exit 134); each rank's own exit handler still runs."""
+    """Rank 1 ends its own way after its last epoch, its group up: sys.exit(3) still exits 3, an
+    uncaught exception 1, each after the rank's own exit handler ran; os.abort() is still a rank
+    killed by SIGABRT (exit 134). (Rank 0 may be stopped by then: the job failed.)"""
     report_dir = tmp_path / "ranks"
     result = run_local(report_dir, 1, 2, END=end, EPOCHS="1")
     assert result.returncode == code, result.stdout
     assert says in result.stdout, result.stdout
-    assert written(report_dir, "atexit") == ([0] if end == "abort" else [0, 1]), result.stdout
+    assert (1 in written(report_dir, "atexit")) == (end != "abort"), result.stdout
