@@ -9,10 +9,9 @@ Python signal handler able to run) still answers, and no ptrace is needed. A rea
 leaves SIGUSR1/SIGUSR2, which programs and schedulers use, alone.
 
 The registration itself is _trainer_launcher_stacks.py, beside this file; it does nothing without
-the launcher's stacks variables. This file runs inside
-the user's program: stdlib only, Python 3.8 syntax, silent, and it never raises. Afterwards it
-runs the sitecustomize this one hides (Debian's and Ubuntu's Pythons ship one), as if this
-directory were not on the path.
+the launcher's stacks variables. This file runs inside the user's program: stdlib only, Python
+3.8 syntax, silent, and it never raises. Afterwards it runs the sitecustomize this one hides
+(Debian's and Ubuntu's Pythons ship one), as if this directory were not on the path.
 """
 
 import os
