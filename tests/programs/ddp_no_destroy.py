@@ -1,13 +1,15 @@
 """A data-parallel training script of the shape users copy from pytorch/examples' DDP tutorial
 series (multinode): a Trainer around a DistributedDataParallel model, a DataLoader over a
 DistributedSampler, a few epochs, a snapshot saved by global rank 0, ``init_process_group`` at
-the start and no ``destroy_process_group`` at the end: the process group is still up when the
-interpreter exits.
+the start and no ``destroy_process_group`` at the end (unless DESTROY=1): the process group is
+still up when the interpreter exits.
 
 EPOCHS       how many epochs (default 3)
 REPORT_DIR   each rank writes <rank>.end after its last epoch, and <rank>.atexit from an exit
              handler of its own
 SNAPSHOT     where global rank 0 saves its snapshot (default: REPORT_DIR/snapshot.pt)
+DESTROY      1: destroy_process_group() at the end of main(), the Trainer still alive (as
+             pytorch/examples' own script does; DistributedDataParallel keeps gloo's threads)
 END          how global rank 1 ends after its last epoch: "" (returns), "exit-3" (sys.exit(3)),
              "raise" (an uncaught exception) or "abort" (os.abort(), before its .end)
 """
@@ -19,7 +21,7 @@ import sys
 
 gc.disable()  # the collector paused over the imports (README.md: CI time)
 import torch
-from torch.distributed import init_process_group
+from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
@@ -90,7 +92,8 @@ def main():
     model = torch.nn.Linear(20, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     snapshot = os.environ.get("SNAPSHOT") or os.path.join(report_dir, "snapshot.pt")
-    Trainer(model, loader, optimizer, snapshot).train(int(os.environ.get("EPOCHS", "3")))
+    trainer = Trainer(model, loader, optimizer, snapshot)
+    trainer.train(int(os.environ.get("EPOCHS", "3")))
     end = os.environ.get("END", "") if rank == "1" else ""
     if end == "abort":
         os.abort()
@@ -99,6 +102,8 @@ def main():
         sys.exit(3)
     if end == "raise":
         raise RuntimeError("rank 1 failed after its last epoch")
+    if os.environ.get("DESTROY") == "1":
+        destroy_process_group()
 
 
 if __name__ == "__main__":
