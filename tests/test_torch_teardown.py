@@ -3,7 +3,7 @@ DDP tutorial series (tests/programs/ddp_no_destroy.py) never call destroy_proces
 gloo group is still up when the interpreter exits, and a gloo worker thread still retiring the last
 all-reduce then aborted the rank during finalization (torch issue 117762: "terminate called
 without an active exception", SIGABRT) after every epoch was done. Seen in 1 of 4 runs at 2 x 2;
-here in 1 of 31 before the fix. The launcher's torch ranks now end such a group at the last of
+here in 1 of 46 before the fix. The launcher's torch ranks now end such a group at the last of
 their exit handlers (launcher/torch/hook/_trainer_launcher_torch_end.py).
 
 Real launchers, torchrun agents and gloo ranks: ``trainer-launcher local``, two "nodes" on this
