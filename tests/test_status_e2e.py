@@ -5,6 +5,7 @@ Kubernetes API behind upstream's server is what the stand-in replaces."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -105,14 +106,20 @@ def _last_step(job: Job) -> int:
     return int(steps[-1]) if steps else 0
 
 
-def test_without_the_status_env_or_a_hang_timeout_the_ranks_environment_is_untouched(tmp_path):
+def test_without_the_status_env_or_a_hang_timeout_the_ranks_get_only_the_torch_exit_handler(tmp_path):
+    """Nothing of the status services reaches the ranks; every torch rank has the launcher's exit
+    handler for gloo groups (launcher/torch/hook, issue 36) before the user's PYTHONPATH."""
+    from launcher.status import stacks
+    from launcher.torch import rank_end
+
     out = tmp_path / "env"
     out.mkdir()
     job = local_torch(tmp_path, nnodes=1, env={"STEPS": "2", "DELAY": "0", "ENV_OUT": str(out)})
     assert job.wait(120) == 0, job.stderr
     seen = json.loads((out / "0.json").read_text())
     assert not [name for name in seen if name.startswith(("LAUNCHER_PROGRESS", "LAUNCHER_STACKS"))]
-    assert "hook" not in seen.get("PYTHONPATH", "")
+    assert seen["PYTHONPATH"].split(os.pathsep) == [stacks.HOOK_DIR, rank_end.HOOK_DIR, str(REPO)]
+    assert seen[stacks.RANK_HOOKS_ENV] == rank_end.MODULE
 
 
 def test_the_hf_callback_and_the_sdk_reach_the_trainjob_through_the_launcher_only(tmp_path, status_server):

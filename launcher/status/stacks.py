@@ -23,6 +23,9 @@ STACKS_ENV = "LAUNCHER_STACKS_DIR"
 # "<address>/<port>/<token>". Not LAUNCHER_*, which mpirun never exports.
 BOARD_ENV = "TRAINER_LAUNCHER_STACKS_BOARD"
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
+# The modules (comma-separated, ours alone: "_trainer_launcher_*") that the hook's sitecustomize
+# imports too: a framework's own code for its ranks (launcher/torch/hook).
+RANK_HOOKS_ENV = "TRAINER_LAUNCHER_RANK_HOOKS"
 TOP_FRAMES = 5
 _POLL = 0.02
 _HEADER = "# trainer-launcher stacks "
@@ -33,8 +36,15 @@ _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)
 def rank_env(stacks_dir: str, pythonpath: str | None) -> dict[str, str]:
     """The ranks' PYTHONPATH with the hook first (the user's entries kept, in order) and the
     directory the dumps go to."""
-    path = HOOK_DIR + (os.pathsep + pythonpath if pythonpath else "")
-    return {"PYTHONPATH": path, STACKS_ENV: stacks_dir}
+    return {"PYTHONPATH": hook_path(pythonpath), STACKS_ENV: stacks_dir}
+
+
+def hook_path(pythonpath: str | None, *more: str) -> str:
+    """``pythonpath`` with the hook first and ``more`` directories after it, each once: the hook
+    may already be there (the watch put it), the other entries keep their order."""
+    ours = [HOOK_DIR, *more]
+    rest = [entry for entry in (pythonpath or "").split(os.pathsep) if entry and entry not in ours]
+    return os.pathsep.join(ours + rest)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from launcher.core.outcome import (
 )
 from launcher.core.supervisor import Child, Supervisor
 from launcher.export.step import Export
+from launcher.torch import rank_end
 
 if TYPE_CHECKING:
     from launcher.core.devices import HostFacts
@@ -144,7 +145,7 @@ class TorchPod(lifecycle.Pod):
             {
                 "args": self.agent_args(plan),
                 **entry,
-                "env": {**plan.env_set, **self.extra_env, **life.watched},
+                "env": {**plan.env_set, **self.extra_env, **life.watched, **rank_end.rank_env(life.watched)},
                 "unset": list(plan.env_unset),
                 "grace": life.launcher.grace_period,
                 "peers": peers,

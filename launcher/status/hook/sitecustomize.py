@@ -1,15 +1,17 @@
-"""Run by every Python interpreter a rank starts (this directory is first on PYTHONPATH only when
-hang detection is on): make the process dump all its threads' Python stacks to a per-process file
-when the launcher sends it a real-time signal.
+"""Run by every Python interpreter a rank starts (this directory is first on PYTHONPATH when hang
+detection is on, and for every torch job): make the process dump all its threads' Python stacks to
+a per-process file when the launcher sends it a real-time signal, and import the modules a
+framework's ranks also need (their names in TRAINER_LAUNCHER_RANK_HOOKS, comma-separated, their
+directory on PYTHONPATH too: launcher/torch/hook).
 
 faulthandler dumps from a C signal handler, so a rank blocked in a collective (no GIL held, no
 Python signal handler able to run) still answers, and no ptrace is needed. A real-time signal
 leaves SIGUSR1/SIGUSR2, which programs and schedulers use, alone.
 
-The registration itself is _trainer_launcher_stacks.py, beside this file. This file runs inside
-the user's program: stdlib only, Python 3.8 syntax, silent, and it never raises. Afterwards it
-runs the sitecustomize this one hides (Debian's and Ubuntu's Pythons ship one), as if this
-directory were not on the path.
+The registration itself is _trainer_launcher_stacks.py, beside this file; it does nothing without
+the launcher's stacks variables. This file runs inside the user's program: stdlib only, Python
+3.8 syntax, silent, and it never raises. Afterwards it runs the sitecustomize this one hides
+(Debian's and Ubuntu's Pythons ship one), as if this directory were not on the path.
 """
 
 import os
@@ -44,8 +46,18 @@ def _note(text):
         pass
 
 
-try:  # noqa: SIM105 - no contextlib: this file imports nothing more into the user's program
-    import _trainer_launcher_stacks  # noqa: F401  (registers on import; the name is ours alone)
-except Exception:  # noqa: BLE001 - never let the hook stop the user's program
-    pass  # no stacks for this process is better than a program that does not start
+def _import_hooks():
+    """Our modules: the stacks, then the framework's (each does its work on import)."""
+    names = ["_trainer_launcher_stacks"]
+    names += [name.strip() for name in os.environ.get("TRAINER_LAUNCHER_RANK_HOOKS", "").split(",")]
+    for name in names:
+        if not name.startswith("_trainer_launcher_"):
+            continue  # only ours: the variable cannot make a rank import anything else
+        try:  # noqa: SIM105 - no contextlib: this file imports nothing more into the user's program
+            __import__(name)
+        except Exception:  # noqa: BLE001 - never let the hook stop the user's program
+            pass  # without the hook, the program runs as it would have
+
+
+_import_hooks()
 _chain()
