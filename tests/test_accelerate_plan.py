@@ -82,7 +82,7 @@ def test_no_python_on_cpu_warns_where_partial_state_alone_would_see_a_world_of_o
     import dataclasses
 
     line = reading(mode="cpu", script="./run.sh", no_python=True)
-    assert any(note.startswith("--no_python: a PartialState()") for note in translate(line, 2).notes)
+    assert any(note.startswith("--no_python: ./run.sh does not run through") for note in translate(line, 2).notes)
     assert translate(dataclasses.replace(line, version="1.12.0"), 2).notes == ()  # it finds the world itself
 
 

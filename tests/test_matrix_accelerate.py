@@ -83,8 +83,8 @@ def test_partial_state_alone_sees_the_whole_world(python, flags, tmp_path, repor
     """Accelerate's pattern for distributed inference, ``PartialState()`` with no ``Accelerator()``,
     across 2 nodes x 1 process, typed with ``--cpu`` and without (a pod without GPUs): every process
     sees MULTI_CPU and 2 processes, gets its own share of the prompts and gathers from both. Not a
-    world of one on each node: accelerate 1.0 finds the world from LOCAL_RANK by itself; later
-    releases form it on CPU only for ``PartialState(cpu=True)``, and ACCELERATE_USE_CPU, which
+    world of one on each node: accelerate 1.0 to 1.12 find the world from LOCAL_RANK by themselves;
+    from 1.13 on it forms on CPU only for ``PartialState(cpu=True)``, and ACCELERATE_USE_CPU, which
     `accelerate launch --cpu` sets, is read by AcceleratorState alone."""
     job = Job([*local(python, nproc=1), *flags, PARTIAL_STATE], clean_env(REPORT_DIR=str(report_dir)), tmp_path)
     assert job.wait(240) == 0, job.stderr
@@ -103,7 +103,8 @@ def test_accelerates_own_test_scripts_pass_across_two_nodes(python, script, tmp_
     `accelerate launch --cpu SCRIPT` on each of 2 nodes x 1 process: each passes (its own asserts,
     across the world), and says it ran across the world, not in a world of one per node."""
     where = "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('accelerate').origin))"
-    found = subprocess.run([python, "-c", where], env=clean_env(), capture_output=True, text=True, timeout=60, check=True)
+    found = subprocess.run([python, "-c", where], env=clean_env(), capture_output=True, text=True, timeout=60,
+                           check=True)
     path = Path(found.stdout.strip(), "test_utils", "scripts", f"{script}.py")
     job = Job([*local(python, nproc=1), "--cpu", str(path)], clean_env(), tmp_path)
     code = job.wait(480)

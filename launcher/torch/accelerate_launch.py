@@ -160,8 +160,9 @@ def translate(reading: Reading, env_nnodes: int) -> Translation:
     flags += ["--no-python"] if reading.no_python else []
     if reading.mode == "cpu" and reading.no_python and release_of(reading.version) >= PARTIAL_STATE_NEEDS_CPU:
         notes.append(
-            f"--no_python: a PartialState() made without cpu=True in a Python program {reading.script} starts "
-            f"sees a world of one in each process on accelerate {reading.version} (Accelerator() sees the whole world)"
+            f"--no_python: {reading.script} does not run through the launcher's runner, so a PartialState() made "
+            f"without cpu=True in a Python program it starts sees a world of one in each process on accelerate "
+            f"{reading.version} (Accelerator() sees the whole world)"
         )
     if reading.mode == "cpu" and not reading.no_python:
         program = torchrun_args.program_argv((RUNNER, *_runner_target(reading), *reading.script_args))
