@@ -134,7 +134,11 @@ def _with_uv(env: Env, requirements: tuple[str, ...]) -> bool:
     """Install with the uv that tests/install.py put beside this interpreter, given pip's own
     configuration, as there: it downloads and unpacks a CUDA torch's ~20 wheels in parallel where pip
     takes them one after another, and hard-links from its cache. An uncapped environment leaves
-    out pip's constraints (the cap). False where uv is missing or fails: pip then installs."""
+    out pip's constraints (the cap). False where uv is missing or fails: pip then installs. An
+    environment over a base installs with pip: uv does not count the packages the base's .pth file
+    adds as installed, and put a torch of its own under accelerate 1.0.1 (2.14.1+cu130, not 2.4.1)."""
+    if env.base:
+        return False
     try:
         from tests.install import uv_install  # python -m tests.matrix_envs
     except ImportError:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import accelerate_table
-from conftest import REPO, clean_env
-from launcher.torch.accelerate_launch import READER, Reading, translate
+from conftest import REPO, clean_env, free_port
+from launcher.torch.accelerate_launch import READER, RUNNER, Reading, translate
 from launcher.torch.plan import split_torchrun_args
 
 pytest.importorskip("accelerate")
@@ -107,6 +107,24 @@ def test_accelerates_own_code_computes_the_ranks_variables(line, mode, expected,
     assert reading.mode == mode
     assert {name: reading.env.get(name) for name in expected} == expected
     assert "MASTER_ADDR" not in reading.env and "MASTER_PORT" not in reading.env  # torchrun's to set
+
+
+@pytest.mark.parametrize("use_cpu, seen", [("True", "MULTI_CPU"), (None, "NO")])
+def test_the_cpu_runner_has_partial_state_read_accelerate_use_cpu(use_cpu, seen):
+    """A process of a world of one as torchrun starts it, its program run through accelerate_run.py:
+    PartialState() alone forms the gloo world where ACCELERATE_USE_CPU says so, as Accelerator()
+    does, and is left alone otherwise; accelerate is not imported before the program imports it."""
+    code = ("import sys; early = 'accelerate' in sys.modules\n"
+            "from accelerate import PartialState\n"
+            "print(early, PartialState().distributed_type, sys.argv)")
+    env = clean_env(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(free_port()))
+    env.pop("ACCELERATE_USE_CPU", None)
+    env.update({"ACCELERATE_USE_CPU": use_cpu} if use_cpu else {})
+    result = subprocess.run([sys.executable, RUNNER, "-c", code, "--lr", "1"], env=env, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"False DistributedType.{seen} ['-c', '--lr', '1']", result.stdout + result.stderr
 
 
 def test_the_shim_leaves_accelerates_other_commands_to_accelerate(tmp_path):

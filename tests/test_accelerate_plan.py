@@ -9,17 +9,17 @@ import pytest
 
 from launcher.core.outcome import ConfigError
 from launcher.torch import args as torchrun_args
-from launcher.torch.accelerate_launch import Given, Reading, translate
+from launcher.torch.accelerate_launch import RUNNER, Given, Reading, translate
 
 
-def reading(given: dict[str, tuple[object, str]] | None = None, **program) -> Reading:
-    return Reading("1.15.0", "cpu", None, {dest: Given(*item) for dest, item in (given or {}).items()},
+def reading(given: dict[str, tuple[object, str]] | None = None, mode: str = "multi_gpu", **program) -> Reading:
+    return Reading("1.15.0", mode, None, {dest: Given(*item) for dest, item in (given or {}).items()},
                    {"ACCELERATE_MIXED_PRECISION": "no"}, program.get("script", "train.py"),
                    tuple(program.get("args", ())), program.get("module", False), program.get("no_python", False))
 
 
-def words(given=None, nnodes: int = 2, **program) -> list[str]:
-    return list(translate(reading(given, **program), nnodes).torchrun_args)
+def words(given=None, nnodes: int = 2, mode: str = "multi_gpu", **program) -> list[str]:
+    return list(translate(reading(given, mode, **program), nnodes).torchrun_args)
 
 
 def test_nothing_set_leaves_the_whole_world_to_pet():
@@ -66,6 +66,24 @@ def test_module_no_python_and_awkward_arguments_read_back_as_the_program():
     translated = words(script="-weird.py", args=("--nnodes", "9"))
     assert torchrun_args.read(translated).program == ("-weird.py", "--nnodes", "9")
     assert words(script="./run.sh", no_python=True) == ["--no-python", "./run.sh"]
+
+
+def test_on_cpu_a_python_program_runs_through_the_runner_that_has_partial_state_read_use_cpu():
+    assert words({"num_processes": (2, "--num_processes")}, mode="cpu") == ["--nproc-per-node", "1", RUNNER, "train.py"]
+    translated = words(script="pkg.train", args=("--lr", "1"), module=True, mode="cpu")
+    assert "--module" not in translated  # the runner runs the module: torchrun starts the runner
+    assert torchrun_args.read(translated).program == (RUNNER, "-m", "pkg.train", "--lr", "1")
+    translated = words(script="-weird.py", args=("--nnodes", "9"), mode="cpu")
+    assert torchrun_args.read(translated).program == (RUNNER, "--", "-weird.py", "--nnodes", "9")
+    assert words(script="./run.sh", no_python=True, mode="cpu") == ["--no-python", "./run.sh"]
+
+
+def test_no_python_on_cpu_warns_where_partial_state_alone_would_see_a_world_of_one():
+    import dataclasses
+
+    line = reading(mode="cpu", script="./run.sh", no_python=True)
+    assert any(note.startswith("--no_python: ./run.sh does not run through") for note in translate(line, 2).notes)
+    assert translate(dataclasses.replace(line, version="1.12.0"), 2).notes == ()  # it finds the world itself
 
 
 def test_accelerates_variables_reach_the_ranks():

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import Job, clean_env, free_port, rank_reports
+from conftest import REPO, Job, clean_env, free_port, rank_reports
 from launcher import __version__
 from matrix_envs import ensure, python_fixture
 from test_accelerate import CONFIG, SHIM, TRAIN, assert_one_world
@@ -21,8 +22,19 @@ pytestmark = pytest.mark.matrix
 python = python_fixture("accelerate")
 
 
-def local(python: str) -> list[str]:
-    return [python, "-m", "launcher", "local", "--nnodes", "2", "--nproc-per-node", "2", "--accelerate", "--"]
+PARTIAL_STATE = str(REPO / "tests" / "programs" / "accelerate_partial_state.py")
+# Accelerate's own test scripts (accelerate/test_utils/scripts/, in its wheel), each with a line
+# only a run across the whole world prints (test_ops and test_script print their state; test_sync
+# tests `no_sync` only in a distributed run).
+UPSTREAM_SCRIPTS = {
+    "test_script": "Num processes: 2",
+    "test_ops": "Num processes: 2",
+    "test_sync": "**Test Distributed `no_sync` context manager**",
+}
+
+
+def local(python: str, nproc: int = 2) -> list[str]:
+    return [python, "-m", "launcher", "local", "--nnodes", "2", "--nproc-per-node", str(nproc), "--accelerate", "--"]
 
 
 def test_two_nodes_train_as_one_world(python, tmp_path, report_dir):
@@ -65,6 +77,50 @@ def test_a_failing_process_keeps_its_code_on_both_nodes(python, tmp_path, report
     for node in ("[node-0]", "[node-1]"):
         verdicts = [line for line in job.stderr.splitlines() if line.startswith(node) and "-> exit 3" in line]
         assert verdicts and "rank 3" in verdicts[-1], (node, job.stderr)
+
+
+@pytest.mark.parametrize("flags", [["--cpu"], []], ids=["cpu", "no-flags"])
+def test_partial_state_alone_sees_the_whole_world(python, flags, tmp_path, report_dir):
+    """Accelerate's pattern for distributed inference, ``PartialState()`` with no ``Accelerator()``,
+    across 2 nodes x 1 process, typed with ``--cpu`` and without (a pod without GPUs): every process
+    sees MULTI_CPU and 2 processes, gets its own share of the prompts and gathers from both. Not a
+    world of one on each node: accelerate 1.0 to 1.12 find the world from LOCAL_RANK by themselves;
+    from 1.13 on it forms on CPU only for ``PartialState(cpu=True)``, and ACCELERATE_USE_CPU, which
+    `accelerate launch --cpu` sets, is read by AcceleratorState alone."""
+    job = Job([*local(python, nproc=1), *flags, PARTIAL_STATE], clean_env(REPORT_DIR=str(report_dir)), tmp_path)
+    assert job.wait(240) == 0, job.stderr
+    reports = rank_reports(report_dir)
+    assert sorted(reports) == [0, 1], job.stderr
+    for rank, report in reports.items():
+        assert report["worldSize"] == "2", report
+        assert (report["type"], report["processes"], report["index"]) == ("DistributedType.MULTI_CPU", 2, rank), report
+        assert report["gathered"] == [0, 1], report
+    assert [reports[rank]["prompts"] for rank in (0, 1)] == [["a cat"], ["a dog"]]
+
+
+@pytest.mark.parametrize("script", list(UPSTREAM_SCRIPTS))
+def test_accelerates_own_test_scripts_pass_across_two_nodes(python, script, tmp_path):
+    """Accelerate's own test scripts, from the installed wheel, unchanged, as
+    `accelerate launch --cpu SCRIPT` on each of 2 nodes x 1 process: each passes (its own asserts,
+    across the world), and says it ran across the world, not in a world of one per node."""
+    if python != sys.executable:
+        # Under two CPU burners, accelerate 1.0.1 over torch 2.4.1 failed 2 of 12 of these runs after
+        # the scripts' own checks had passed: test_sync exited non-zero once (its output was lost);
+        # test_ops hung in its destroy_process_group(). gdb on the hung rank: the main thread, holding
+        # the GIL, joins a gloo worker in ~ProcessGroupGloo while that worker waits for the GIL to
+        # drop a Python-owned tensor (PyObjectSlot::maybe_destroy_pyobj): torch's deadlock, also
+        # without the launcher's runner (the plain torch path hung 3 of 3 under load).
+        pytest.skip("torch 2.4.1's gloo teardown deadlocks now and then under load (destroy_process_group)")
+    where = "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('accelerate').origin))"
+    found = subprocess.run([python, "-c", where], env=clean_env(), capture_output=True, text=True, timeout=60,
+                           check=True)
+    path = Path(found.stdout.strip(), "test_utils", "scripts", f"{script}.py")
+    job = Job([*local(python, nproc=1), "--cpu", str(path)], clean_env(), tmp_path)
+    code = job.wait(480)
+    said = job.stdout + job.stderr
+    assert code == 0, said
+    assert UPSTREAM_SCRIPTS[script] in said, said
+    assert "Num processes: 1" not in said and "DistributedType.NO" not in said, said
 
 
 def test_an_accelerate_below_the_range_is_refused_in_one_line_or_run_when_allowed(tmp_path):

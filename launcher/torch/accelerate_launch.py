@@ -16,7 +16,10 @@ training runs at the wrong world size without a word. Here:
 - everything else comes from ``PET_*`` through the torch plan, as for any torchrun line;
 - the ranks get the variables Accelerate computes from the flags and config file (mixed precision,
   FSDP, DeepSpeed, dynamo...), and, on a node without GPUs, ``ACCELERATE_USE_CPU``, without which
-  each rank would see a world of one.
+  each rank would see a world of one;
+- on CPU a Python program runs through accelerate_run.py, which has ``PartialState`` read
+  ``ACCELERATE_USE_CPU`` too: from accelerate 1.13 on, ``PartialState()`` alone (no ``Accelerator()``)
+  would otherwise see a world of one in each rank.
 
 Pure but for the last section (running the reader).
 """
@@ -27,11 +30,15 @@ import os
 from dataclasses import dataclass, field
 
 from launcher.core.outcome import ConfigError, UnsupportedVersion
+from launcher.core.versions import release_of
 from launcher.torch import args as torchrun_args
 from launcher.torch.job import TorchPod, run_pod
 
 USAGE = "accelerate launch [ACCELERATE FLAGS] SCRIPT [ARGS...]"
 READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accelerate_read.py")
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accelerate_run.py")
+# From this release on, PartialState forms a world on CPU only when called with cpu=True.
+PARTIAL_STATE_NEEDS_CPU = (1, 13)
 # accelerate's torchrun options, by the torchrun flag each is
 TORCHRUN = {
     "rdzv_backend": "--rdzv-backend",
@@ -150,10 +157,26 @@ def translate(reading: Reading, env_nnodes: int) -> Translation:
     for dest, flag in TORCHRUN.items():
         if dest in given:
             flags += [flag, str(given[dest].value)]
-    flags += ["--module"] if reading.module else []
     flags += ["--no-python"] if reading.no_python else []
-    program = torchrun_args.program_argv((reading.script, *reading.script_args))
+    if reading.mode == "cpu" and reading.no_python and release_of(reading.version) >= PARTIAL_STATE_NEEDS_CPU:
+        notes.append(
+            f"--no_python: {reading.script} does not run through the launcher's runner, so a PartialState() made "
+            f"without cpu=True in a Python program it starts sees a world of one in each process on accelerate "
+            f"{reading.version} (Accelerator() sees the whole world)"
+        )
+    if reading.mode == "cpu" and not reading.no_python:
+        program = torchrun_args.program_argv((RUNNER, *_runner_target(reading), *reading.script_args))
+    else:
+        flags += ["--module"] if reading.module else []
+        program = torchrun_args.program_argv((reading.script, *reading.script_args))
     return Translation((*flags, *program), dict(reading.env), (*reading.warnings, *notes))
+
+
+def _runner_target(reading: Reading) -> list[str]:
+    """The program as accelerate_run.py reads it after itself (launcher/runner/program.py)."""
+    if reading.module:
+        return ["-m", reading.script]
+    return ["--", reading.script] if reading.script.startswith("-") else [reading.script]
 
 
 def _int(given: Given, low: int) -> int:
