@@ -30,11 +30,23 @@ def end_gloo_groups():
     try:
         if not dist.is_available():
             return
-        if dist.is_initialized():
+        if dist.is_initialized() and _joins_without_the_gil(sys.modules.get("torch")):
             _end(dist)
         _settle()
     except Exception:  # noqa: BLE001 - the program's own ending goes on as it would have
         return
+
+
+def _joins_without_the_gil(torch):
+    """Whether destroying a gloo group is safe here: torch 2.4's joins the group's threads holding
+    the GIL, which one of them may be waiting for (a hang seen under Accelerate's own test scripts
+    on torch 2.4.1, tests/test_matrix_accelerate.py); from 2.8 on, checked on 2.8, 2.13 and 2.15,
+    it does not. Older releases only wait for the threads to settle."""
+    try:
+        major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    except (AttributeError, ValueError):
+        return False
+    return (major, minor) >= (2, 8)
 
 
 def _end(dist):
