@@ -24,7 +24,7 @@ STACKS_ENV = "LAUNCHER_STACKS_DIR"
 BOARD_ENV = "TRAINER_LAUNCHER_STACKS_BOARD"
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
 # The modules (comma-separated, ours alone: "_trainer_launcher_*") that the hook's sitecustomize
-# imports too: a framework's own code for its ranks (launcher/torch/hook).
+# imports too: a framework's own code for its ranks (a hook folder in its package).
 RANK_HOOKS_ENV = "TRAINER_LAUNCHER_RANK_HOOKS"
 TOP_FRAMES = 5
 _POLL = 0.02

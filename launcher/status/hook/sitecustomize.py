@@ -1,8 +1,8 @@
 """Run by every Python interpreter a rank starts (this directory is first on PYTHONPATH when hang
-detection is on, and for every torch job): make the process dump all its threads' Python stacks to
-a per-process file when the launcher sends it a real-time signal, and import the modules a
-framework's ranks also need (their names in TRAINER_LAUNCHER_RANK_HOOKS, comma-separated, their
-directory on PYTHONPATH too: launcher/torch/hook).
+detection is on, and for the jobs of a framework with hooks of its own): make the process dump all
+its threads' Python stacks to a per-process file when the launcher sends it a real-time signal,
+and import the modules a framework's ranks also need (their names in TRAINER_LAUNCHER_RANK_HOOKS,
+comma-separated, their directory on PYTHONPATH too, in the framework's package).
 
 faulthandler dumps from a C signal handler, so a rank blocked in a collective (no GIL held, no
 Python signal handler able to run) still answers, and no ptrace is needed. A real-time signal
