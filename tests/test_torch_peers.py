@@ -227,3 +227,24 @@ def test_a_node_whose_rank_failed_on_its_own_is_not_a_victim_for_losing_the_race
     victim = torch_outcome(supervisor, SimpleNamespace(returncode=143, tail=[], evidence=None, marks=[]), stopped,
                            frozenset({138}), "tj-node-0-1", one_node=False)
     assert victim.reason == "PeerFailed" and victim.root_cause.node == "tj-node-0-0"
+
+
+def test_a_node_that_never_said_how_its_ranks_ended_is_the_lost_pod_and_only_it():
+    """In-process records: this node's ranks lost a peer (PeerLost). A node that never published
+    its outcome is the lost pod, named from this pod's own name; where every node said and none
+    lost a peer itself, nobody was lost and the node is judged again (``outlived``); where the
+    store is gone and several nodes are unheard of, the node cannot tell which was lost."""
+    from launcher.core.outcome import Reasons
+
+    own = Outcome.of(Reasons.PEER_LOST, "rank 2 exited with code 1 after a peer went away",
+                     RootCause(node="tj-node-0-1", rank=2), "[rank2]: Connection reset by peer")
+    mine = NodeOutcome(1, "tj-node-0-1", own, failed_at=1.0)
+    final = job_outcome(own, 1, "tj-node-0-1", [mine, NodeOutcome(0, "tj-node-0-0", own)], 3)
+    assert (final.reason, final.root_cause.node) == ("PeerLost", "tj-node-0-2")
+    assert "tj-node-0-2 went away without a word" in final.message
+    outlived = Outcome.of(Reasons.FAILED, "rank 2 exited with code 1", exit_code=1)
+    done = Outcome.of(Reasons.SUCCEEDED, "the job succeeded")
+    nodes = [mine, NodeOutcome(0, "tj-node-0-0", done), NodeOutcome(2, "tj-node-0-2", done)]
+    assert job_outcome(own, 1, "tj-node-0-1", nodes, 3, lambda: outlived) is outlived
+    assert job_outcome(own, 1, "tj-node-0-1", [mine], 3) is own  # the store is gone: who else is, unknown
+    assert job_outcome(own, 1, "tj-node-0-1", [mine], 2).root_cause.node == "tj-node-0-0"

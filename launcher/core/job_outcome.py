@@ -64,7 +64,7 @@ def job_outcome(
     if peer_loss(own) and nnodes is not None and (root is None or root.outcome is None or peer_loss(root.outcome)):
         said = {n.node_rank: n.outcome for n in nodes if n.outcome is not None}
         silent = sorted(set(range(nnodes)) - set(said) - {node_rank})
-        if silent:
+        if silent and (len(silent) == 1 or len(said) > 1):  # none said, of several: the store is gone
             return lost(own, node, node_rank, silent)
         if outlived is not None and not any(peer_loss(o) for rank, o in said.items() if rank != node_rank):
             return outlived()
