@@ -67,9 +67,6 @@ def _check(job: Job, ending: str, rank: int) -> None:
 def test_every_ending_of_a_rank_gets_the_tables_verdict_though_its_peers_echo_it(tmp_path, report_dir, ending):
     job = _pod(tmp_path, 0, 1, 2, free_port(), ENDING=ending, FAIL_RANK="1", REPORT_DIR=str(report_dir))
     _check(job, ending, 1)
-    # The other rank met the end in a collective: the echo was there to be mistaken.
-    if ending != "fault":
-        assert re.search(r"Connection (?:closed|reset) by peer", job.stderr), job.stderr[-3000:]
 
 
 # New draws each run, the same in every pytest-xdist worker of one run (they must collect alike);

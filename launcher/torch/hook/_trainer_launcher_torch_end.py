@@ -13,17 +13,32 @@ it is idle.
 Registered on import, at interpreter start (the sitecustomize of launcher/status/hook), so it
 runs after every exit handler the program registers. The exit code stays the interpreter's own.
 It does nothing without torch.distributed, and nothing when the program is ending on an uncaught
-exception (its ending is left as it was); groups that are not gloo alone (NCCL's teardown) are
+exception or a failing ``sys.exit`` (its ending is left as it was); groups that are not gloo alone (NCCL's teardown) are
 left to the program. Standard library only at import, Python 3.8 syntax, never raises.
 """
 
 import atexit
 import sys
 
+_asked = []  # the statuses the program gave sys.exit
+
+
+def _exit(status=None):
+    _asked.append(status)
+    _program_exit(status)
+
+
+_program_exit, sys.exit = sys.exit, _exit
+
 
 def end_gloo_groups():
     if hasattr(sys, "last_value") or hasattr(sys, "last_exc"):
         return  # an uncaught exception was printed: the program failed, its ending is left alone
+    if _asked and _asked[-1] not in (None, 0):
+        # The program is leaving with a failure (sys.exit(3)) while its peers may still be in a
+        # collective: its groups close as the process ends, as they would have, so that the peers
+        # see it gone only once its exit is there to be seen, and it stays the job's root cause.
+        return
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return
