@@ -20,7 +20,7 @@ left to the program. Standard library only at import, Python 3.8 syntax, never r
 import atexit
 import sys
 
-_asked = []  # the statuses the program gave sys.exit
+_asked = []  # type: list[object]  # the statuses the program gave sys.exit
 
 
 def _exit(status=None):
