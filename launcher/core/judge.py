@@ -41,6 +41,7 @@ from launcher.core.outcome import (
 
 # Signals that end a process on its own account, whatever it printed before.
 _OWN_DEATHS = CRASH_SIGNALS | {signal.SIGKILL}
+OWN_DEATH_NAMES = frozenset(sig.name for sig in _OWN_DEATHS)  # as failure records name them
 
 
 @dataclass(frozen=True)

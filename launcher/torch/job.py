@@ -282,7 +282,7 @@ def _failed_first(report: dict, marks) -> dict:
     chosen = next(f for f in failures if f["rank"] == report["rootRank"])
 
     def echoed(failure: dict) -> bool:
-        if failure["signal"] in ("SIGSEGV", "SIGILL", "SIGFPE", "SIGBUS", "SIGKILL"):
+        if failure["signal"] in judge.OWN_DEATH_NAMES:
             return False
         said = [line for line in marks if judge.said_by(line) == failure["rank"]]
         return any(PEER_LOSS_PATTERN.search(line) for line in [*said, failure.get("message") or ""])
