@@ -32,24 +32,28 @@ _program_exit, sys.exit = sys.exit, _exit
 
 
 def end_gloo_groups():
-    if hasattr(sys, "last_value") or hasattr(sys, "last_exc"):
-        return  # an uncaught exception was printed: the program failed, its ending is left alone
-    if _asked and _asked[-1] not in (None, 0):
-        # The program is leaving with a failure (sys.exit(3)) while its peers may still be in a
-        # collective: its groups close as the process ends, as they would have, so that the peers
-        # see it gone only once its exit is there to be seen, and it stays the job's root cause.
-        return
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return
     try:
         if not dist.is_available():
             return
-        if dist.is_initialized() and _joins_without_the_gil(sys.modules.get("torch")):
+        if dist.is_initialized() and not _failing() and _joins_without_the_gil(sys.modules.get("torch")):
             _end(dist)
         _settle()
     except Exception:  # noqa: BLE001 - the program's own ending goes on as it would have
         return
+
+
+def _failing():
+    """Whether the program is ending on a failure: an uncaught exception (printed), or a failing
+    ``sys.exit(3)``. Its peers may then still be in a collective: its groups close as the process
+    ends, as they would have, so that the peers see it gone only once its exit is there to be
+    seen, and it stays the job's root cause. Its threads still settle first: the last collective
+    it took part in may be retiring still, and an abort then would replace its exit code."""
+    if hasattr(sys, "last_value") or hasattr(sys, "last_exc"):
+        return True
+    return bool(_asked) and _asked[-1] not in (None, 0)
 
 
 def _joins_without_the_gil(torch):
