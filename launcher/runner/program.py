@@ -81,6 +81,12 @@ def core(name: str) -> types.ModuleType:
     return load_sibling(__file__, os.path.join(os.pardir, "core", f"{name}.py"), f"_trainer_launcher_{name}")
 
 
+def records() -> types.ModuleType:
+    """The launcher's report and stop record (report.py beside this file), loaded by path under
+    ``_trainer_launcher_report``."""
+    return load_sibling(__file__, "report.py", "_trainer_launcher_report")
+
+
 def register_stacks() -> None:
     """With hang detection on, register this process's stack dump now: the launcher's variables
     reached a runner after it started, too late for the hook the launcher puts on PYTHONPATH.

@@ -14,7 +14,8 @@ Registered on import, at interpreter start (the sitecustomize of launcher/status
 runs after every exit handler the program registers. The exit code stays the interpreter's own.
 It does nothing without torch.distributed. A program ending on an uncaught exception or a failing
 ``sys.exit`` keeps its groups (they close as the process ends); its threads only settle. Groups
-that are not gloo alone (NCCL's teardown) are left to the program. Standard library only at import, Python 3.8 syntax, never raises.
+that are not gloo alone (NCCL's teardown) are left to the program. Standard library only at
+import, Python 3.8 syntax, never raises.
 """
 
 import atexit

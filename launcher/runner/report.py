@@ -1,0 +1,221 @@
+"""The launcher's two records: the one **report** a process in the user's interpreter gives its
+launcher, and the one **stop record** the pods of a job share when it fails.
+
+A report says how one process ended (a rank under MPI, a JAX process, an XGBoost worker, the torch
+agent for its node's ranks). It is written once, complete or not at all: a file renamed into
+place (:func:`write`), or one JSON line over TCP (MPI's ranks, launcher/mpi/rank.py). Its
+``ending`` is one of :data:`ENDINGS`:
+
+``failed``
+    the program failed on its own account: ``exitCode``, ``error`` (the exception in a line);
+``peerLost``
+    it failed because a peer went away: ``error`` is what it said of it;
+``stopped``
+    a peer's stop record ended it: ``stoppedBy`` holds that record, which names the root cause;
+``refused``
+    the runner refused before the program ran: ``reason`` is the table's word
+    (UnsupportedVersion, ConfigError, RendezvousFailed) and ``error`` the one line;
+``crashed``
+    the runner's own bug, not the program's: ``error`` and ``where`` (launcher/core/crash.py).
+
+Every report may name ``rank``, ``localRank`` and ``node``. A stop record is what the first pod
+to fail for good tells the others: ``generation`` (which start of the job it ends: a restart in
+place begins the next one, and the records of an earlier one are stale), ``node`` and
+``nodeRank``, the ``rank`` that failed first with its ``localRank``, ``exitCode`` or ``signal``,
+``error``, and ``outcome`` (that pod's judged outcome, where a framework shares it). One record
+wins per generation: the first written (:func:`claim`). Each framework carries it over what its
+pods already share (:class:`Transport`): torch's rendezvous store, JAX's key-value store,
+XGBoost's stop board, MPI's rank reports.
+
+Stdlib only and Python 3.10 syntax: it runs in the user's interpreter, loaded by path beside
+program.py (``program.load_sibling``), and in the launcher as ``launcher.runner.report``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+ENDINGS = ("failed", "peerLost", "stopped", "refused", "crashed")
+STOP_PREFIX = "trainer-launcher/stop/"
+TEXT_LIMIT = 1000  # characters of an error in a record
+_REPORT_FIELDS = ("rank", "localRank", "node", "exitCode", "error", "where", "reason")
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+def report(ending: str, exit_code: int | None = None, **fields: object) -> dict:
+    """A report as JSON: ``ending``, ``exitCode`` and the fields named in the module docstring
+    (``local_rank`` and ``stopped_by`` in Python's spelling). Fields that are None are left out."""
+    if ending not in ENDINGS:
+        raise ValueError(f"ending {ending!r}: expected one of {', '.join(ENDINGS)}")
+    names = {"local_rank": "localRank", "stopped_by": "stoppedBy"}
+    record: dict = {"ending": ending, "exitCode": exit_code}
+    for name, value in fields.items():
+        record[names.get(name, name)] = value
+    return {key: value for key, value in record.items() if value is not None}
+
+
+def write(path: str | None, record: dict) -> bool:
+    """Write ``record`` to ``path`` for the launcher: complete or absent, never half (written
+    beside it, then renamed). False when it could not be written (or there is no path): the
+    launcher then judges from the exit status alone."""
+    if not path:
+        return False
+    try:
+        with open(f"{path}.tmp", "w") as handle:
+            json.dump(record, handle)
+        os.replace(f"{path}.tmp", path)
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Report:
+    """A report as the launcher reads it: every field checked, anything malformed dropped."""
+
+    ending: str
+    exit_code: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    node: str | None = None
+    error: str | None = None
+    where: str | None = None
+    reason: str | None = None
+    stopped_by: StopRecord | None = None
+
+    @classmethod
+    def parse(cls, data: object) -> Report | None:
+        """The report in ``data`` (decoded JSON), or None where it is not one."""
+        if not isinstance(data, dict) or data.get("ending") not in ENDINGS:
+            return None
+        fields = {name: _checked(name, data.get(name)) for name in _REPORT_FIELDS}
+        return cls(
+            ending=data["ending"],
+            exit_code=fields["exitCode"],
+            rank=fields["rank"],
+            local_rank=fields["localRank"],
+            node=fields["node"],
+            error=fields["error"],
+            where=fields["where"],
+            reason=fields["reason"],
+            stopped_by=StopRecord.parse(data.get("stoppedBy")),
+        )
+
+    @classmethod
+    def read(cls, path: str | None) -> Report | None:
+        """The report at ``path``: None where there is none (never written, or not a report)."""
+        if not path:
+            return None
+        try:
+            with open(path) as handle:
+                return cls.parse(json.load(handle))
+        except (OSError, ValueError):
+            return None
+
+
+# --- the stop record ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    """The job's one stop record of a generation (module docstring)."""
+
+    generation: int
+    node: str | None = None
+    node_rank: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    error: str | None = None
+    outcome: dict | None = None
+
+    def to_json(self) -> dict:
+        record = {
+            "generation": self.generation,
+            "node": self.node,
+            "nodeRank": self.node_rank,
+            "rank": self.rank,
+            "localRank": self.local_rank,
+            "exitCode": self.exit_code,
+            "signal": self.signal,
+            "error": _cut(self.error),
+            "outcome": self.outcome,
+        }
+        return {key: value for key, value in record.items() if value is not None}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    @classmethod
+    def parse(cls, data: object) -> StopRecord | None:
+        """The record in ``data`` (decoded JSON, or its text), or None where it is not one."""
+        if isinstance(data, (str, bytes)):
+            try:
+                data = json.loads(data)
+            except ValueError:
+                return None
+        if not isinstance(data, dict) or _int(data.get("generation")) is None:
+            return None
+        outcome = data.get("outcome")
+        return cls(
+            generation=data["generation"],
+            node=_checked("node", data.get("node")),
+            node_rank=_int(data.get("nodeRank")),
+            rank=_int(data.get("rank")),
+            local_rank=_int(data.get("localRank")),
+            exit_code=_checked("exitCode", data.get("exitCode")),
+            signal=_checked("signal", data.get("signal")),
+            error=_checked("error", data.get("error")),
+            outcome=outcome if isinstance(outcome, dict) else None,
+        )
+
+
+class Transport(Protocol):
+    """What the pods of a job share, able to keep the first value set under a key."""
+
+    def claim(self, key: str, value: str) -> str:
+        """Set ``key`` to ``value`` unless it is set already; the value it holds afterwards."""
+        ...
+
+
+def stop_key(generation: int) -> str:
+    """Where a generation's stop record lives, for transports with keys."""
+    return f"{STOP_PREFIX}{generation}"
+
+
+def claim(transport: Transport, record: StopRecord) -> tuple[bool, StopRecord]:
+    """Publish ``record`` unless its generation has one: (whether ours won, the one that did).
+    A value there that is not a record (a stranger's, or a torn write) leaves ours standing."""
+    mine = record.dumps()
+    held = transport.claim(stop_key(record.generation), mine)
+    if held == mine:
+        return True, record
+    winner = StopRecord.parse(held)
+    return (False, winner) if winner is not None else (True, record)
+
+
+# --- fields ---------------------------------------------------------------------------------------
+
+
+def _int(value: object) -> int | None:
+    return value if type(value) is int else None  # type(): a JSON true is no number
+
+
+def _cut(text: str | None) -> str | None:
+    return text if text is None or len(text) <= TEXT_LIMIT else text[: TEXT_LIMIT - 3] + "..."
+
+
+def _checked(name: str, value: object):
+    """A field's value where it has its type (an exit code 0-255; text, cut), else None."""
+    if name in ("rank", "localRank"):
+        return _int(value)
+    if name == "exitCode":
+        number = _int(value)
+        return number if number is not None and 0 <= number <= 255 else None
+    return _cut(value) if isinstance(value, str) and value else None
