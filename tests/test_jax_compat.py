@@ -20,6 +20,7 @@ import pytest
 from conftest import assert_one_line_naming, clean_env, free_port
 from launcher.core import versions
 from launcher.jax import run as runner
+from launcher.runner import report as records
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "launcher" / "jax" / "run.py"
@@ -63,7 +64,8 @@ def test_a_jax_below_the_floor_is_refused_with_exit_2_in_one_line(tmp_path):
     line = assert_one_line_naming(result, "expected jax >=0.5,<0.11", "jax='0.4.38'")
     said = versions.refusal("jax", "0.4.38")
     assert line == f"trainer-launcher: jax: {said}"
-    assert json.loads(report.read_text()) == {"role": "version", "processId": 1, "error": said}
+    assert json.loads(report.read_text()) == {"ending": "refused", "exitCode": 2, "reason": "UnsupportedVersion",
+                                              "rank": 1, "node": "tj-node-0-1", "error": said}
 
 
 def test_a_jax_above_the_ceiling_is_refused_too(tmp_path):
@@ -97,13 +99,14 @@ def test_the_launcher_names_a_refused_version_as_a_config_error():
     child = Child(name="jax", pid=0, popen=None, returncode=2)
     supervisor = type("Supervisor", (), {"received_signal": None, "first_failure": child})()
     said = versions.refusal("jax", "0.4.38")
-    outcome = jax_outcome(plan, supervisor, child, {"role": "version", "processId": 0, "error": said}, frozenset())
+    report = records.Report(ending="refused", exit_code=2, reason="UnsupportedVersion", rank=0, error=said)
+    outcome = jax_outcome(plan, supervisor, child, report, frozenset())
     assert (outcome.exit_code, outcome.reason) == (2, "UnsupportedVersion")
     assert outcome.message == f"JAX process 0 on tj-node-0-1: {said}"
 
 
 def test_the_failing_process_keeps_its_code_when_jax_ends_it_after_its_report(monkeypatch):
-    """The failing process wrote its report (role root, exit code 3); process 0 then left the store
+    """The failing process wrote its report (failed, exit code 3); process 0 then left the store
     and, before this process's own exit, JAX's error polling ended it with code 1 (``client.h:75
     Terminating process``). Seen in CI (jax 0.7.2, two CPU-loaded workers): the pod said exit 1,
     its peer exit 3. The race cannot be forced from outside, so this feeds the launcher its shape."""
@@ -117,7 +120,7 @@ def test_the_failing_process_keeps_its_code_when_jax_ends_it_after_its_report(mo
     plan = plan_jax(load_jax(), JaxFacts("tj-node-0-1", 0, str(RUNNER), 60.0), ("python", "t.py"), {})
     child = Child(name="jax", pid=0, popen=None, returncode=1)
     supervisor = type("Supervisor", (), {"received_signal": None, "first_failure": child})()
-    report = {"role": "root", "processId": 1, "node": "tj-node-0-1", "exitCode": 3, "error": None}
+    report = records.Report(ending="failed", exit_code=3, rank=1, node="tj-node-0-1")
     outcome = jax_outcome(plan, supervisor, child, report, frozenset())
     assert (outcome.exit_code, outcome.reason) == (3, "Failed")
     assert outcome.message.startswith("JAX process 1 on tj-node-0-1 exited with code 3")

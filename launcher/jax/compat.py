@@ -69,6 +69,16 @@ class Store:
         """Raises when the key exists and ``overwrite`` is false: the first writer wins."""
         self._client.key_value_set(key, value, allow_overwrite=overwrite)
 
+    def claim(self, key: str, value: str) -> str:
+        """The stop record's transport (launcher/runner/report.py): ``value`` unless the key holds
+        one already; the value it holds afterwards."""
+        try:
+            self.set(key, value, overwrite=False)
+            return value
+        except Exception:  # noqa: BLE001 - another process set it first (ALREADY_EXISTS)
+            held = self.try_get(key)
+            return value if held is None else held
+
     def dir_get(self, prefix: str) -> list:
         return self._client.key_value_dir_get(prefix)
 

@@ -11,7 +11,6 @@ runner exits 0 at once, silently. Any other program starts after the wait.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import TYPE_CHECKING
@@ -21,6 +20,7 @@ from launcher.core import judge, lifecycle, memory, python_argv
 from launcher.core.supervisor import Child, Supervisor
 from launcher.export.step import Export
 from launcher.jax.plan import REPORT_ENV, runner_argv
+from launcher.runner import report as records
 
 if TYPE_CHECKING:
     from launcher.core.outcome import Outcome, WaitTimeout
@@ -120,7 +120,7 @@ class JaxPod(lifecycle.Pod):
             life.plan,
             supervisor,
             child,
-            _read_report(life.path("report.json")),
+            records.Report.read(life.path("report.json")),
             life.launcher.retryable_exit_codes,
             life.memory,
         )
@@ -182,20 +182,11 @@ def _coordinator_never_came(plan: JaxPlan, launcher: LauncherSettings, error: Wa
     )
 
 
-def _read_report(path: str) -> dict:
-    try:
-        with open(path) as handle:
-            report = json.load(handle)
-        return report if isinstance(report, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def jax_outcome(
     plan: JaxPlan,
     supervisor: Supervisor,
     child: Child,
-    report: dict,
+    report: records.Report | None,
     codes: frozenset[int],
     memory_before: memory.Memory | None = None,
 ) -> Outcome:
@@ -218,8 +209,9 @@ def jax_outcome(
     returncode = child.returncode if child.returncode is not None else 1
     if returncode == 0:
         return success()
-    role, code = report.get("role"), report.get("exitCode")
-    if role == "root" and type(code) is int and code > 0:
+    report = report or records.Report(ending="")  # none written: the exit code and the output alone
+    ending, code = report.ending, report.exit_code
+    if ending == "failed" and code:
         # The program's own code, reported before the process left: JAX's error polling may end
         # the process first (code 1) once process 0, having read our stop record, has gone.
         returncode = code
@@ -233,45 +225,46 @@ def jax_outcome(
     )
     what = f"JAX process {pid} on {node}"
     tail = last_lines(child.tail)
-    if role == "victim" and isinstance(report.get("stoppedBy"), dict):
-        record = report["stoppedBy"]
-        root = RootCause(node=record.get("node"), rank=record.get("processId"), exit_code=record.get("exitCode"))
+    if ending == "stopped" and report.stopped_by is not None:
+        record = report.stopped_by
+        root = RootCause(node=record.node, rank=record.rank, exit_code=record.exit_code)
         outcome = classify(
-            int(record.get("exitCode") or 1),
+            record.exit_code or 1,
             retryable_codes=codes,
             root_cause=root,
             what=f"JAX process {root.rank} on {root.node}",
         )
         outcome = stopped_by(outcome, what)
-        return outcome.with_extra(error=record["error"]) if record.get("error") else outcome
-    if role == "launcher":  # the runner's own bug, not the program's failure (launcher/core/crash.py)
-        return internal_error(str(report.get("error")), report.get("where"), node).with_extra(**tail)
-    if role == "init":
+        return outcome.with_extra(error=record.error) if record.error else outcome
+    if ending == "crashed":  # the runner's own bug, not the program's failure (launcher/core/crash.py)
+        return internal_error(str(report.error), report.where, node).with_extra(**tail)
+    if ending == "refused" and report.reason == Reasons.RENDEZVOUS_FAILED:
         return Outcome.of(
             Reasons.RENDEZVOUS_FAILED,
-            f"{what} could not join the coordinator at {plan.coordinator_address}: {report.get('error')}",
+            f"{what} could not join the coordinator at {plan.coordinator_address}: {report.error}",
             cause,
             child.evidence,
             tail,
         )
-    if role == "version":  # the runner refused the interpreter's jax before importing it (core/versions.py)
-        return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {report.get('error')}", RootCause(node=node, rank=pid))
-    if role == "import":
+    if ending == "refused" and report.reason == Reasons.UNSUPPORTED_VERSION:
+        # The runner refused the interpreter's jax before importing it (core/versions.py).
+        return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {report.error}", RootCause(node=node, rank=pid))
+    if ending == "refused":
         return Outcome.of(
             Reasons.CONFIG_ERROR,
-            f"{plan.argv[0]} cannot import jax: {report.get('error')}",
+            f"{plan.argv[0]} cannot import jax: {report.error}",
             RootCause(node=node, rank=pid),
         )
-    if role == "lost":
+    if ending == "peerLost":
         return Outcome.of(
             Reasons.PEER_LOST,
-            f"{what} lost a peer that never said why: {report.get('error')}",
+            f"{what} lost a peer that never said why: {report.error}",
             cause,
-            report.get("error"),
+            report.error,
             tail,
         )
     text = "\n".join(child.tail)
-    if role is None and _DUPLICATE_ID.search(text):
+    if not ending and _DUPLICATE_ID.search(text):
         return Outcome.of(
             Reasons.DUPLICATE_PROCESS_ID,
             f"{what} was aborted by JAX: another process registered as JAX process {pid} too, so two "
@@ -280,7 +273,7 @@ def jax_outcome(
             "kubeflow/trainer#3537)",
             cause,
         )
-    if role is None and _SERVICE_FATAL.search(text):
+    if not ending and _SERVICE_FATAL.search(text):
         return Outcome.of(
             Reasons.PEER_LOST,
             f"{what} was aborted by JAX: its coordination service reported another process's failure "
@@ -291,6 +284,6 @@ def jax_outcome(
         )
     evidence = judge.gather(returncode, child.marks, memory_before=memory_before)
     outcome = judge.verdict(evidence, codes=codes, root_cause=cause, what=what)
-    if report.get("error"):
-        tail = {**tail, "error": report["error"]}
+    if report.error:
+        tail = {**tail, "error": report.error}
     return outcome.with_extra(**tail)

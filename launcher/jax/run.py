@@ -10,8 +10,8 @@ When a process's program fails, JAX alone would keep it in its shutdown barrier 
 default) and the others in their next collective, until every process aborts with SIGABRT and
 the real exit code is lost. Through the coordination service's key-value store instead:
 
-- the failing process publishes a stop record (its process id, pod, exit code, error; the first
-  writer wins) and exits with its own code at once, without JAX's shutdown barrier;
+- the failing process publishes the job's stop record (launcher/runner/report.py: its process
+  id, pod, exit code, error; the first writer wins) and exits with its own code at once, without JAX's shutdown barrier;
 - every other process watches for that record and exits with the same code, handing its
   launcher the record, so every pod names the same root cause;
 - a process that failed only because a peer vanished ("Connection reset by peer") does not claim
@@ -51,7 +51,8 @@ REPORT_ENV = "TRAINER_LAUNCHER_JAX_REPORT"
 CPU_COLLECTIVES_ENV = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
 
 PREFIX = "trainer-launcher/"
-STOP_KEY = PREFIX + "stop"
+GENERATION = 0  # which start of the job this is: one, until restarts in place exist
+DONE = json.dumps({"done": True})  # the stop key's value once the job succeeded: wakes every watcher
 ACK_PREFIX = PREFIX + "ack/"
 FINISHED_BARRIER = PREFIX + "finished"
 WATCH_MS = 1000  # a watcher's long poll: how soon it notices it should stop watching
@@ -70,6 +71,7 @@ def _say(message: str) -> None:
 if TYPE_CHECKING:  # the same files, as a type checker finds them
     from launcher.jax.compat import Store
     from launcher.runner import program
+    from launcher.runner import report as records
 else:
     _spec = importlib.util.spec_from_file_location(
         "_trainer_launcher_program",
@@ -79,6 +81,9 @@ else:
     _spec.loader.exec_module(program)
 
 
+# The report to the launcher and the job's stop record (launcher/runner/report.py).
+records = program.records()
+STOP_KEY = records.stop_key(GENERATION)
 # Every use of jax's internals, behind feature checks (launcher/jax/compat.py).
 compat = program.load_sibling(__file__, "compat.py", "_trainer_launcher_jax_compat")
 # The runner's own bug told apart from the program's failure (launcher/core/crash.py).
@@ -118,7 +123,7 @@ def version_gate(config: Config, version: str | None = None) -> None:
     """Refuse a jax out of range: report it (role ``version``), one line, exit 2."""
     refused = check_version(version)
     if refused is not None:
-        report(config, {"role": "version", "processId": config.process_id, "error": refused})
+        report(config, "refused", 2, reason="UnsupportedVersion", error=refused)
         _usage_error(refused)
 
 
@@ -151,9 +156,11 @@ class Config:
         return int(raw)
 
 
-def report(config: Config, record: dict) -> None:
-    """Tell the launcher how this process ended (complete or absent: written aside, renamed)."""
-    program.write_report(config.report_path, record)  # unwritten: the launcher judges from the exit code
+def report(config: Config, ending: str, exit_code: int | None, **fields: object) -> None:
+    """Tell the launcher how this process ended (launcher/runner/report.py). Unwritten, the
+    launcher judges from the exit code."""
+    record = records.report(ending, exit_code, rank=config.process_id, node=config.node, **fields)
+    records.write(config.report_path, record)
 
 
 class Go:
@@ -228,7 +235,7 @@ class Session:
             )
         except Exception as error:  # noqa: BLE001 - JAX raises its own runtime error types
             text = program.describe(error)
-            report(config, {"role": "init", "processId": config.process_id, "error": text})
+            report(config, "refused", INIT_FAILED, reason="RendezvousFailed", error=text)
             _say(f"process {config.process_id} could not join the coordinator at {config.coordinator}: {text}")
             leave(INIT_FAILED)
         if config.num_processes > 1:  # None: no stop records, the exit codes still hold (said once)
@@ -289,21 +296,22 @@ class Session:
                 if "DEADLINE_EXCEEDED" not in str(error):
                     self._closing.wait(WATCH_MS / 1000)  # JAX's own error polling ends us if it is gone
                 continue
-            record = json.loads(value)
-            if record.get("done") or not self._finishing.acquire(blocking=False):
-                return
+            record = records.StopRecord.parse(value)
+            if record is None or not self._finishing.acquire(blocking=False):
+                return  # the job finished (the store holds DONE), or we are ending already
             self._stop(record)
 
-    def _stop(self, record: dict) -> None:
+    def _stop(self, record) -> None:
         """A peer failed first: hand its record to the launcher and exit with its code."""
         config = self.config
-        report(config, {"role": "victim", "processId": config.process_id, "stoppedBy": record})
+        code = record.exit_code or 1
+        report(config, "stopped", code, stopped_by=record.to_json())
         _say(
-            f"process {config.process_id} stops: process {record.get('processId')} on {record.get('node')} "
-            f"failed first (exit code {record.get('exitCode')})"
+            f"process {config.process_id} stops: process {record.rank} on {record.node} "
+            f"failed first (exit code {record.exit_code})"
         )
         self._leave_store()
-        leave(int(record.get("exitCode") or 1))
+        leave(code)
 
     def _leave_store(self) -> None:
         """Say we read the stop record; process 0 keeps the store up until everyone has."""
@@ -330,25 +338,27 @@ class Session:
         config = self.config
         if not self._finishing.acquire(blocking=False):
             threading.Event().wait()  # the watcher is ending the process for a peer's failure
-        mine = {"processId": config.process_id, "node": config.node, "exitCode": code, "error": error}
         if self.store is None or config.num_processes == 1:
-            report(config, {"role": "root", **mine})
+            report(config, "failed", code, error=error)
             leave(code)
-        existing = self.store.try_get(STOP_KEY)
-        if existing is None and error and PEER_LOSS.search(error):
+        if error and PEER_LOSS.search(error) and self.store.try_get(STOP_KEY) is None:
             try:
-                existing = self.store.get(STOP_KEY, int(PEER_WAIT * 1000))
+                self.store.get(STOP_KEY, int(PEER_WAIT * 1000))
             except Exception:  # noqa: BLE001 - nobody published: a peer vanished without a word
-                report(config, {"role": "lost", **mine})
+                report(config, "peerLost", code, error=error)
                 leave(code)
-        if existing is None:
-            try:
-                self.store.set(STOP_KEY, json.dumps(mine), overwrite=False)
-            except Exception:  # noqa: BLE001 - another process published first
-                existing = self.store.try_get(STOP_KEY)
-        if existing is not None and not json.loads(existing).get("done"):
-            self._stop(json.loads(existing))
-        report(config, {"role": "root", **mine})
+        mine = records.StopRecord(
+            GENERATION,
+            node=config.node,
+            node_rank=config.process_id,
+            rank=config.process_id,
+            exit_code=code,
+            error=error,
+        )
+        won, record = records.claim(self.store, mine)
+        if not won:
+            self._stop(record)
+        report(config, "failed", code, error=error)
         self._leave_store()
         leave(code)
 
@@ -366,7 +376,7 @@ class Session:
             time.sleep(PEER_WAIT)  # its stop record, if any, reaches the watcher meanwhile
             self.failed(1, f"the job's final barrier failed: {program.describe(error)}")
         with contextlib.suppress(Exception):  # another process woke them first
-            self._store().set(STOP_KEY, json.dumps({"done": True}), overwrite=False)
+            self._store().set(STOP_KEY, DONE, overwrite=False)
         self._closing.set()
         self._watcher.join()
 
@@ -390,11 +400,8 @@ def crashed(error: BaseException, report_path: str | None) -> None:
     import traceback
 
     traceback.print_exception(error)
-    if report_path:
-        report(
-            Config({REPORT_ENV: report_path}),
-            {"role": "launcher", "error": crash.describe(error), "where": crash.crash_site(error)},
-        )
+    record = records.report("crashed", crash.INTERNAL_ERROR, error=crash.describe(error), where=crash.crash_site(error))
+    records.write(report_path, record)
     leave(crash.INTERNAL_ERROR)
 
 
@@ -418,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
         version_gate(config)  # the go word may carry LAUNCHER_ALLOW_UNTESTED_VERSIONS
         jax, import_error = _import_jax()
     if import_error is not None:
-        report(config, {"role": "import", "processId": config.process_id, "error": import_error})
+        report(config, "refused", 2, reason="ConfigError", error=import_error)
         _usage_error(f"{sys.executable} cannot import jax: {import_error}")
     if os.environ.get(CPU_COLLECTIVES_ENV):  # jax read its variables at import, before the launcher's word came
         compat.cpu_collectives(jax, os.environ[CPU_COLLECTIVES_ENV])
