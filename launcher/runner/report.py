@@ -6,10 +6,14 @@ agent for its node's ranks). It is written once, complete or not at all: a file 
 place (:func:`write`), or one JSON line over TCP (MPI's ranks, launcher/mpi/rank.py). Its
 ``ending`` is one of :data:`ENDINGS`:
 
+``succeeded``
+    the program finished (where a process reports a success at all: the torch agent does);
 ``failed``
-    the program failed on its own account: ``exitCode``, ``error`` (the exception in a line);
+    the program failed on its own account: ``exitCode`` or ``signal``, ``error`` (the exception
+    in a line), ``at`` (when, in seconds since the epoch, where known);
 ``peerLost``
-    it failed because a peer went away: ``error`` is what it said of it;
+    it failed because a peer went away: ``error`` is what it said of it, ``peer`` the address of
+    the peer it lost where it knows it;
 ``stopped``
     a peer's stop record ended it: ``stoppedBy`` holds that record, which names the root cause;
 ``refused``
@@ -18,14 +22,18 @@ place (:func:`write`), or one JSON line over TCP (MPI's ranks, launcher/mpi/rank
 ``crashed``
     the runner's own bug, not the program's: ``error`` and ``where`` (launcher/core/crash.py).
 
-Every report may name ``rank``, ``localRank`` and ``node``. A stop record is what the first pod
-to fail for good tells the others: ``generation`` (which start of the job it ends: a restart in
-place begins the next one, and the records of an earlier one are stale), ``node`` and
-``nodeRank``, the ``rank`` that failed first with its ``localRank``, ``exitCode`` or ``signal``,
-``error``, and ``outcome`` (that pod's judged outcome, where a framework shares it). One record
-wins per generation: the first written (:func:`claim`). Each framework carries it over what its
-pods already share (:class:`Transport`): torch's rendezvous store, JAX's key-value store,
-XGBoost's stop board, MPI's rank reports.
+Every report may name ``rank``, ``localRank`` and ``node``. A process that runs several (the
+torch agent, for its node's ranks) lists in ``ranks`` a report of each rank that failed, and
+names the one that failed first in its own ``rank``. A report of a process that failed on its
+own may still carry ``stoppedBy``: another pod's record won the job's root cause meanwhile.
+
+A stop record is what the first pod to fail for good tells the others: ``generation`` (which
+start of the job it ends: a restart in place begins the next one, and the records of an earlier
+one are stale), ``node`` and ``nodeRank``, the ``rank`` that failed first with its
+``localRank``, ``exitCode`` or ``signal``, ``error``, and ``outcome`` (that pod's judged outcome,
+where a framework shares it). One record wins per generation: the first written (:func:`claim`).
+Each framework carries it over what its pods already share (:class:`Transport`): torch's
+rendezvous store, JAX's key-value store, XGBoost's stop board, MPI's rank reports.
 
 Stdlib only and Python 3.10 syntax: it runs in the user's interpreter, loaded by path beside
 program.py (``program.load_sibling``), and in the launcher as ``launcher.runner.report``.
@@ -38,10 +46,11 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
-ENDINGS = ("failed", "peerLost", "stopped", "refused", "crashed")
+ENDINGS = ("succeeded", "failed", "peerLost", "stopped", "refused", "crashed")
 STOP_PREFIX = "trainer-launcher/stop/"
 TEXT_LIMIT = 1000  # characters of an error in a record
-_REPORT_FIELDS = ("rank", "localRank", "node", "exitCode", "error", "where", "reason")
+_REPORT_FIELDS = ("rank", "localRank", "node", "exitCode", "signal", "at", "error", "where", "reason", "peer")
+RANKS_LIMIT = 4096  # the ranks' reports one process may list (a node's)
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -53,6 +62,8 @@ def report(ending: str, exit_code: int | None = None, **fields: object) -> dict:
     if ending not in ENDINGS:
         raise ValueError(f"ending {ending!r}: expected one of {', '.join(ENDINGS)}")
     names = {"local_rank": "localRank", "stopped_by": "stoppedBy"}
+    if isinstance(fields.get("error"), str):
+        fields["error"] = _cut(fields["error"])
     record: dict = {"ending": ending, "exitCode": exit_code}
     for name, value in fields.items():
         record[names.get(name, name)] = value
@@ -83,10 +94,25 @@ class Report:
     rank: int | None = None
     local_rank: int | None = None
     node: str | None = None
+    signal: str | None = None
+    at: float | None = None
     error: str | None = None
     where: str | None = None
     reason: str | None = None
+    peer: str | None = None
     stopped_by: StopRecord | None = None
+    ranks: tuple[Report, ...] = ()
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code, or minus the signal's number, as Popen gives them."""
+        if self.exit_code is not None:
+            return self.exit_code
+        return -_signum(self.signal) if self.signal else None
+
+    def rank_report(self, rank: int | None) -> Report | None:
+        """The report in ``ranks`` of ``rank``."""
+        return next((each for each in self.ranks if each.rank == rank), None)
 
     @classmethod
     def parse(cls, data: object) -> Report | None:
@@ -94,16 +120,22 @@ class Report:
         if not isinstance(data, dict) or data.get("ending") not in ENDINGS:
             return None
         fields = {name: _checked(name, data.get(name)) for name in _REPORT_FIELDS}
+        ranks = data.get("ranks") if isinstance(data.get("ranks"), list) else []
+        parsed = (cls.parse(each) for each in ranks[:RANKS_LIMIT] if isinstance(each, dict) and "ranks" not in each)
         return cls(
             ending=data["ending"],
             exit_code=fields["exitCode"],
             rank=fields["rank"],
             local_rank=fields["localRank"],
             node=fields["node"],
+            signal=fields["signal"],
+            at=fields["at"],
             error=fields["error"],
             where=fields["where"],
             reason=fields["reason"],
+            peer=fields["peer"],
             stopped_by=StopRecord.parse(data.get("stoppedBy")),
+            ranks=tuple(each for each in parsed if each is not None),
         )
 
     @classmethod
@@ -211,10 +243,21 @@ def _cut(text: str | None) -> str | None:
     return text if text is None or len(text) <= TEXT_LIMIT else text[: TEXT_LIMIT - 3] + "..."
 
 
+def _signum(name: str) -> int:
+    import signal
+
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        return 0
+
+
 def _checked(name: str, value: object):
     """A field's value where it has its type (an exit code 0-255; text, cut), else None."""
     if name in ("rank", "localRank"):
         return _int(value)
+    if name == "at":
+        return value if type(value) in (int, float) else None
     if name == "exitCode":
         number = _int(value)
         return number if number is not None and 0 <= number <= 255 else None
