@@ -9,6 +9,7 @@ would take without the launcher, so a node left running fails the test by timing
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from pathlib import Path
@@ -17,6 +18,7 @@ from conftest import RANKS, Job, clean_env, free_port, launcher, rank_reports, w
 
 from launcher.core.job_outcome import NodeOutcome, job_outcome, root_cause
 from launcher.core.outcome import Outcome, RootCause
+from launcher.runner import report as records
 
 # What a successful multi-node run must never print: torch's exit-barrier failure when the node
 # serving the store leaves first, with its C++ stack trace.
@@ -127,6 +129,16 @@ def test_nobody_is_blamed_when_no_node_failed_on_its_own():
     assert job_outcome(own, 0, "n0", nodes) is own
 
 
+def _rank(rank: int, local_rank: int, code: int | None, **fields) -> dict:
+    """A failed rank's report, as the torch agent lists it."""
+    return records.report("failed", code, rank=rank, local_rank=local_rank, at=100, **fields)
+
+
+def _report(ending: str, code: int, **fields):
+    """The torch agent's report, as the launcher reads it back (JSON, through Report.parse)."""
+    return records.Report.parse(json.loads(json.dumps(records.report(ending, code, **fields))))
+
+
 def test_the_store_leaving_after_this_nodes_ranks_all_finished_is_a_success_not_a_lost_peer():
     # Seen in CI under load (test_torch_job's c10d two-node run, 1 run in ~30): node 1's ranks had
     # finished and torchrun sat in its exit barrier when node 0, done too, took its store away;
@@ -139,12 +151,11 @@ def test_the_store_leaving_after_this_nodes_ranks_all_finished_is_a_success_not_
 
     supervisor = SimpleNamespace(first_failure=None, received_signal=None)
     agent = SimpleNamespace(returncode=0, tail=[], evidence=None, marks=[])
-    lost = {"lost": "tj-node-0-0.tj:29500"}
-    after_success = torch_outcome(supervisor, agent, {"stoppedBy": lost, "succeeded": True, "exitCode": 0},
-                                  frozenset({138}), "tj-node-0-1")
+    lost = "tj-node-0-0.tj:29500"
+    after_success = torch_outcome(supervisor, agent, _report("succeeded", 0, peer=lost), frozenset({138}), "tj-node-0-1")
     assert (after_success.exit_code, after_success.reason) == (0, "Succeeded")
     mid_run = torch_outcome(supervisor, SimpleNamespace(returncode=143, tail=[], evidence=None, marks=[]),
-                            {"stoppedBy": lost, "exitCode": 143}, frozenset({138}), "tj-node-0-1")
+                            _report("peerLost", 143, peer=lost), frozenset({138}), "tj-node-0-1")
     assert (mid_run.exit_code, mid_run.reason) == (138, "PeerLost")
 
 
@@ -161,15 +172,14 @@ def test_a_rank_exiting_with_a_code_keeps_it_when_its_node_mates_echo_connection
     echo = "[rank2]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:25801."
     supervisor = SimpleNamespace(first_failure=None, received_signal=None, evidence=evidence_regex())
     agent = SimpleNamespace(returncode=3, tail=[], evidence=echo, marks=[echo])
-    failures = [{"rank": 3, "localRank": 1, "exitCode": 3, "signal": None, "message": None},
-                {"rank": 2, "localRank": 0, "exitCode": 1, "signal": None, "message": None}]
-    outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1",
-                            one_node=False)
+    failures = [_rank(3, 1, 3), _rank(2, 0, 1)]
+    outcome = torch_outcome(supervisor, agent, _report("failed", 1, rank=3, ranks=failures), frozenset({138}),
+                            "tj-node-0-1", one_node=False)
     assert (outcome.exit_code, outcome.reason) == (3, "Failed")
     # A first rank whose own message says a peer went away lost that peer: 138, not the job's root cause.
-    failures[0] = {**failures[0], "exitCode": 1, "message": f"RuntimeError: {echo}"}
-    outcome = torch_outcome(supervisor, agent, {"failures": failures, "rootRank": 3}, frozenset({138}), "tj-node-0-1",
-                            one_node=False)
+    failures[0] = _rank(3, 1, 1, error=f"RuntimeError: {echo}")
+    outcome = torch_outcome(supervisor, agent, _report("failed", 1, rank=3, ranks=failures), frozenset({138}),
+                            "tj-node-0-1", one_node=False)
     assert (outcome.exit_code, outcome.reason) == (138, "PeerLost")
 
 
@@ -186,11 +196,11 @@ def test_a_node_that_saw_the_echo_first_does_not_become_the_root_cause():
     supervisor = SimpleNamespace(first_failure=None, received_signal=None, evidence=evidence_regex())
     own_echo = "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:21410."
     node0 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence=own_echo, marks=[own_echo]),
-                          {"failures": [{"rank": 0, "localRank": 0, "exitCode": 1, "signal": None, "message": None}],
-                           "rootRank": 0}, frozenset({138}), "tj-node-0-0", one_node=False)
+                          _report("failed", 1, rank=0, ranks=[_rank(0, 0, 1)]), frozenset({138}), "tj-node-0-0",
+                          one_node=False)
     node1 = torch_outcome(supervisor, SimpleNamespace(returncode=3, tail=[], evidence=None, marks=[]),
-                          {"failures": [{"rank": 1, "localRank": 0, "exitCode": 3, "signal": None, "message": None}],
-                           "rootRank": 1}, frozenset({138}), "tj-node-0-1", one_node=False)
+                          _report("failed", 1, rank=1, ranks=[_rank(1, 0, 3)]), frozenset({138}), "tj-node-0-1",
+                          one_node=False)
     nodes = [NodeOutcome(0, "tj-node-0-0", node0, failed_at=100.000), NodeOutcome(1, "tj-node-0-1", node1, failed_at=100.009)]
     assert root_cause(nodes).node == "tj-node-0-1"
     for rank, outcome in ((0, node0), (1, node1)):
@@ -209,13 +219,12 @@ def test_a_node_whose_rank_failed_on_its_own_is_not_a_victim_for_losing_the_race
     from launcher.torch.job import torch_outcome
 
     supervisor = SimpleNamespace(first_failure=None, received_signal=None, evidence=evidence_regex())
-    echo = {"rank": 0, "localRank": 0, "exitCode": 1, "signal": None, "nodeRank": 0, "node": "tj-node-0-0"}
+    echo = records.StopRecord(generation=0, rank=0, local_rank=0, exit_code=1, node_rank=0, node="tj-node-0-0")
     node0 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence="[rank0]: Connection closed by peer",
                                           marks=["[rank0]: Connection closed by peer"]),
-                          {"failures": [{**echo, "message": None}], "rootRank": 0}, frozenset({138}), "tj-node-0-0",
+                          _report("failed", 1, rank=0, ranks=[_rank(0, 0, 1)]), frozenset({138}), "tj-node-0-0",
                           one_node=False)
-    report = {"failures": [{"rank": 1, "localRank": 0, "exitCode": 3, "signal": None, "message": None}],
-              "rootRank": 1, "stoppedBy": echo, "exitCode": 1}
+    report = _report("failed", 1, rank=1, ranks=[_rank(1, 0, 3)], stopped_by=echo.to_json())
     node1 = torch_outcome(supervisor, SimpleNamespace(returncode=1, tail=[], evidence=None, marks=[]), report, frozenset({138}),
                           "tj-node-0-1", one_node=False)
     assert (node1.reason, node1.exit_code) == ("Failed", 3)
@@ -223,7 +232,7 @@ def test_a_node_whose_rank_failed_on_its_own_is_not_a_victim_for_losing_the_race
     for rank, outcome in ((0, node0), (1, node1)):
         final = job_outcome(outcome, rank, f"tj-node-0-{rank}", nodes)
         assert (final.exit_code, final.root_cause.rank) == (3, 1), final
-    stopped = {**report, "failures": [{**report["failures"][0], "exitCode": None, "signal": "SIGTERM"}], "stopping": True}
+    stopped = _report("stopped", 1, rank=1, ranks=[_rank(1, 0, None, signal="SIGTERM")], stopped_by=echo.to_json())
     victim = torch_outcome(supervisor, SimpleNamespace(returncode=143, tail=[], evidence=None, marks=[]), stopped,
                            frozenset({138}), "tj-node-0-1", one_node=False)
     assert victim.reason == "PeerFailed" and victim.root_cause.node == "tj-node-0-0"

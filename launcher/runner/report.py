@@ -62,8 +62,9 @@ def report(ending: str, exit_code: int | None = None, **fields: object) -> dict:
     if ending not in ENDINGS:
         raise ValueError(f"ending {ending!r}: expected one of {', '.join(ENDINGS)}")
     names = {"local_rank": "localRank", "stopped_by": "stoppedBy"}
-    if isinstance(fields.get("error"), str):
-        fields["error"] = _cut(fields["error"])
+    error = fields.get("error")
+    if isinstance(error, str):
+        fields["error"] = _cut(error)
     record: dict = {"ending": ending, "exitCode": exit_code}
     for name, value in fields.items():
         record[names.get(name, name)] = value
@@ -106,9 +107,7 @@ class Report:
     @property
     def returncode(self) -> int | None:
         """The exit code, or minus the signal's number, as Popen gives them."""
-        if self.exit_code is not None:
-            return self.exit_code
-        return -_signum(self.signal) if self.signal else None
+        return _returncode(self.exit_code, self.signal)
 
     def rank_report(self, rank: int | None) -> Report | None:
         """The report in ``ranks`` of ``rank``."""
@@ -120,7 +119,7 @@ class Report:
         if not isinstance(data, dict) or data.get("ending") not in ENDINGS:
             return None
         fields = {name: _checked(name, data.get(name)) for name in _REPORT_FIELDS}
-        ranks = data.get("ranks") if isinstance(data.get("ranks"), list) else []
+        ranks = data["ranks"] if isinstance(data.get("ranks"), list) else []
         parsed = (cls.parse(each) for each in ranks[:RANKS_LIMIT] if isinstance(each, dict) and "ranks" not in each)
         return cls(
             ending=data["ending"],
@@ -166,6 +165,11 @@ class StopRecord:
     signal: str | None = None
     error: str | None = None
     outcome: dict | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        """The failed rank's exit code, or minus its signal's number, as Popen gives them."""
+        return _returncode(self.exit_code, self.signal)
 
     def to_json(self) -> dict:
         record = {
@@ -243,13 +247,17 @@ def _cut(text: str | None) -> str | None:
     return text if text is None or len(text) <= TEXT_LIMIT else text[: TEXT_LIMIT - 3] + "..."
 
 
-def _signum(name: str) -> int:
+def _returncode(exit_code: int | None, signal_name: str | None) -> int | None:
+    if exit_code is not None:
+        return exit_code
+    if not signal_name:
+        return None
     import signal
 
     try:
-        return int(signal.Signals[name])
+        return -int(signal.Signals[signal_name])
     except KeyError:
-        return 0
+        return None
 
 
 def _checked(name: str, value: object):

@@ -24,6 +24,7 @@ import threading
 from typing import TYPE_CHECKING, NoReturn
 
 from launcher.core.crash import INTERNAL_ERROR, crash_site, describe, raised_in_launcher
+from launcher.runner import report as records
 from launcher.torch import compat
 
 if TYPE_CHECKING:
@@ -51,26 +52,31 @@ def _bound_to_agent() -> None:
         os._exit(128 + signal.SIGKILL)
 
 
-def _failure_record(failures: dict) -> dict:
-    """Every failed rank, and the root cause: the earliest failure that torchrun's own teardown
-    did not cause. torchrun records the ranks it SIGTERMed after the first failure as failures
-    too, with timestamps in whole seconds, so its ``get_first_failure`` can name a victim."""
+def _rank_reports(failures: dict) -> list[dict]:
+    """A report of each failed rank (launcher/runner/report.py), as torchrun recorded it."""
     found = []
     for rank, failure in failures.items():  # torchrun inserts real failures first
         signaled = failure.exitcode < 0
         found.append(
-            {
-                "rank": int(rank),
-                "localRank": failure.local_rank,
-                "exitCode": None if signaled else failure.exitcode,
-                "signal": failure.signal_name() if signaled else None,
-                "timestamp": failure.timestamp,
-                "message": _recorded_message(failure),
-            }
+            records.report(
+                "failed",
+                None if signaled else failure.exitcode,
+                rank=int(rank),
+                local_rank=failure.local_rank,
+                signal=failure.signal_name() if signaled else None,
+                at=failure.timestamp,
+                error=_recorded_message(failure),
+            )
         )
-    own = [f for f in found if f["signal"] != "SIGTERM"] or found
-    root = min(own, key=lambda f: f["timestamp"])
-    return {"failures": found, "rootRank": root["rank"]}
+    return found
+
+
+def _first(found: list[dict]) -> dict:
+    """The root cause: the earliest failure that torchrun's own teardown did not cause. torchrun
+    records the ranks it SIGTERMed after the first failure as failures too, with timestamps in
+    whole seconds, so its ``get_first_failure`` can name a victim."""
+    own = [f for f in found if f.get("signal") != "SIGTERM"] or found
+    return min(own, key=lambda f: f["at"])
 
 
 def _recorded_message(failure) -> str | None:
@@ -81,15 +87,19 @@ def _recorded_message(failure) -> str | None:
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message")
-    return str(message)[:1000] if message else None
+    return str(message) if message else None
 
 
-def _stop_record(failures: dict) -> dict:
-    if not failures:
-        return {}
-    record = _failure_record(failures)
-    root = next(f for f in record["failures"] if f["rank"] == record["rootRank"])
-    return {key: root[key] for key in ("rank", "localRank", "exitCode", "signal")}
+def _stop_record(failures: dict) -> records.StopRecord:
+    """The job's stop record for this node's ranks' failure (Peers.publish_stop adds where)."""
+    root = _first(_rank_reports(failures)) if failures else {}
+    return records.StopRecord(
+        generation=0,
+        rank=root.get("rank"),
+        local_rank=root.get("localRank"),
+        exit_code=root.get("exitCode"),
+        signal=root.get("signal"),
+    )
 
 
 def _shutdown_timeout(grace: float) -> int:
@@ -148,38 +158,51 @@ class Agent:
             # Ranks that failed on their own stay this node's failure, though another node published
             # first (the job's root cause is settled between the nodes: launcher.core.job_outcome);
             # ranks that failed as we stopped them for a peer are that peer's victims.
-            stopping = {"stopping": True} if self._stopping else {}
-            self.finish({**_failure_record(error.failures), **self._stopped_by(), **stopping, "exitCode": 1})
+            found = _rank_reports(error.failures)
+            root = _first(found)
+            ending = "stopped" if self._stopping else "failed"
+            self.finish(
+                records.report(
+                    ending, 1, rank=root["rank"], local_rank=root.get("localRank"), ranks=found, **self._stopped_by()
+                )
+            )
         except SignalException as error:
             code = 128 + error.sigval
             if self._stopping:
-                self.finish({**self._stopped_by(), "exitCode": code})
-            self.finish({"signal": signal.Signals(error.sigval).name, "exitCode": code})
+                self.finish(records.report(self._stop_ending(), code, **self._stopped_by()))
+            self.finish(records.report("failed", code, signal=signal.Signals(error.sigval).name))
         except SystemExit as error:  # torchrun's own argument errors
             code = error.code if isinstance(error.code, int) else 2
             if code:
-                self.finish({"agentError": "torchrun rejected its arguments", "exitCode": code})
+                self.finish(records.report("refused", code, error="torchrun rejected its arguments"))
         except Exception as error:  # noqa: BLE001 - rendezvous and store failures end up here, and our hooks' bugs
             if raised_in_launcher(error):
                 self.crashed(error)
             print(f"trainer-launcher: torchrun failed: {type(error).__name__}: {error}", file=sys.stderr)
-            self.finish(
-                {"agentError": f"{type(error).__name__}: {error}"[:1000], "type": type(error).__name__, "exitCode": 1}
-            )
-        self.finish({"succeeded": True, "exitCode": 0})
+            self.finish(records.report("refused", 1, error=f"{type(error).__name__}: {error}"))
+        self.finish(records.report("succeeded", 0))
 
     def crashed(self, error: BaseException) -> NoReturn:
         """The agent's own bug (not torchrun's, not the program's): report it as the launcher's."""
         import traceback
 
         traceback.print_exception(error)
-        self.finish({"launcherError": describe(error), "where": crash_site(error), "exitCode": INTERNAL_ERROR})
+        self.finish(records.report("crashed", INTERNAL_ERROR, error=describe(error), where=crash_site(error)))
 
     def _stopped_by(self) -> dict:
+        """A peer's stop record, or the lost store's address, once this node is its victim."""
         peers = self.peers
-        return {"stoppedBy": peers.stop_record} if peers is not None and peers.role == "victim" else {}
+        if peers is None or peers.role != "victim":
+            return {}
+        if peers.stop_record is not None:
+            return {"stopped_by": peers.stop_record.to_json()}
+        return {"peer": peers.lost}
 
-    def on_peer_stop(self, record: dict) -> NoReturn:
+    def _stop_ending(self) -> str:
+        peers = self.peers
+        return "peerLost" if peers is not None and peers.stop_record is None else "stopped"
+
+    def on_peer_stop(self) -> NoReturn:
         """A peer failed (watcher thread). With ranks running, SIGTERM ourselves: torchrun's own
         handler stops them and raises in the main thread, which finishes. Without (torchrun sits in
         its exit barrier, blocked in the store, where no signal handler runs), finish from here."""
@@ -192,14 +215,14 @@ class Agent:
             from launcher.torch.peers import stop_local_ranks
 
             stop_local_ranks(workers, 0)
-            self.finish({"stoppedBy": record, "exitCode": 128 + signal.SIGTERM})
-        self.finish({"stoppedBy": record, "succeeded": True, "exitCode": 0})
+            self.finish(records.report(self._stop_ending(), 128 + signal.SIGTERM, **self._stopped_by()))
+        self.finish(records.report("succeeded", 0, **self._stopped_by()))
 
     def finish(self, report: dict) -> NoReturn:
         """Report, hear the launcher's verdict, share it with the other nodes, exit. Runs once:
         whichever thread gets here first ends the process."""
         self._finishing.acquire()
-        _write_json(self.report, report)
+        records.write(self.report, report)
         try:
             os.write(self.status_fd, b"reported\n")
             verdict = self.control.readline()
@@ -243,7 +266,8 @@ def _run(agent: Agent) -> int:
     try:
         import torch.distributed.run as torchrun
     except ImportError as error:
-        agent.finish({"error": f"torch is not importable ({error}): install torch in this image", "exitCode": 2})
+        said = f"torch is not importable ({error}): install torch in this image"
+        agent.finish(records.report("refused", 2, reason="ConfigError", error=said))
     gc.freeze()
     gc.enable()
     if quiet:

@@ -32,6 +32,7 @@ from launcher.core.outcome import (
 )
 from launcher.core.supervisor import Child, Supervisor
 from launcher.export.step import Export
+from launcher.runner import report as records
 from launcher.torch import rank_end
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ class TorchPod(lifecycle.Pod):
         return torch_outcome(
             life.supervisor,
             self.agent,
-            _read_json(life.path("report.json"), {}),
+            records.Report.read(life.path("report.json")),
             life.launcher.retryable_exit_codes,
             life.node,
             life.plan.nnodes == "1",
@@ -257,46 +258,45 @@ def _node_outcome(summary: dict) -> NodeOutcome:
     )
 
 
-def _own_words(failure: dict, one_node: bool):
+def _own_words(failure: records.Report, one_node: bool):
     """Which of the node's marked lines are this failed rank's own words, for the judge. torch
     prefixes what a rank prints of its exception with "[rankN]: "; a line another rank said is
     never this one's. A fault said by nobody in particular (a C++ log line) counts, since it is this
     node's; a peer's loss only when this rank said it, and never on one node: every peer is local
     there, so a loss is the echo of a local rank's end, which is judged by its own words."""
-    rank = failure["rank"]
+    rank = failure.rank
 
     def own(line: str) -> bool:
         speaker = judge.said_by(line)
         if PEER_LOSS_PATTERN.search(line):
-            return not one_node and (speaker == rank or (speaker is None and line == failure.get("message")))
+            return not one_node and (speaker == rank or (speaker is None and line == failure.error))
         return speaker is None or speaker == rank
 
     return own
 
 
-def _failed_first(report: dict, marks) -> dict:
-    """The rank that failed on its own first. torchrun's record names the earliest (in whole
-    seconds) that its teardown did not cause; a rank that only echoed another's loss (its own words
-    say a peer went away) is passed over for one that failed on its own, on this node."""
-    failures = report["failures"]
-    chosen = next(f for f in failures if f["rank"] == report["rootRank"])
+def _failed_first(report: records.Report, marks) -> records.Report:
+    """The rank that failed on its own first. The agent's report names the earliest (in whole
+    seconds) that torchrun's teardown did not cause; a rank that only echoed another's loss (its
+    own words say a peer went away) is passed over for one that failed on its own, on this node."""
+    chosen = report.rank_report(report.rank) or report.ranks[0]
 
-    def echoed(failure: dict) -> bool:
-        if failure["signal"] in judge.OWN_DEATH_NAMES:
+    def echoed(failure: records.Report) -> bool:
+        if failure.signal in judge.OWN_DEATH_NAMES:
             return False
-        said = [line for line in marks if judge.said_by(line) == failure["rank"]]
-        return any(PEER_LOSS_PATTERN.search(line) for line in [*said, failure.get("message") or ""])
+        said = [line for line in marks if judge.said_by(line) == failure.rank]
+        return any(PEER_LOSS_PATTERN.search(line) for line in [*said, failure.error or ""])
 
     if not echoed(chosen):
         return chosen
-    own = [f for f in failures if f["signal"] != "SIGTERM" and not echoed(f)]
-    return min(own, key=lambda f: f.get("timestamp") or 0) if own else chosen
+    own = [f for f in report.ranks if f.signal != "SIGTERM" and not echoed(f)]
+    return min(own, key=lambda f: f.at or 0) if own else chosen
 
 
 def torch_outcome(
     supervisor: Supervisor,
     agent: Child,
-    report: dict,
+    report: records.Report | None,
     codes: frozenset[int],
     node: str,
     one_node: bool = True,
@@ -308,14 +308,15 @@ def torch_outcome(
     ``one_node``: every rank of the job is on this node; ``memory_before``: the container's memory
     cgroup when the job started (the kernel's OOM count); ``peer_vanished``: False once every other
     node is known to have ended as it chose (launcher.core.job_outcome)."""
-    returncode = agent.returncode if agent.returncode is not None else report.get("exitCode")
-    if "stoppedBy" in report and ("failures" not in report or report.get("stopping")):
-        if "lost" in report["stoppedBy"] and report.get("succeeded"):
+    report = report or records.Report(ending="")  # none: the agent died without one
+    returncode = agent.returncode if agent.returncode is not None else report.exit_code
+    if (report.stopped_by or report.peer) and (not report.ranks or report.ending == "stopped"):
+        if report.stopped_by is None and report.ending == "succeeded":
             # Our ranks had all finished (torchrun sat in its exit barrier) when the store's node
             # left: the end of a good run seen a moment early, not a lost peer. Had that node
             # failed, its own pod says so.
             return success()
-        return _stopped(report["stoppedBy"], codes, node)
+        return _stopped(report, codes, node)
     failed_first = supervisor.first_failure is agent
     if supervisor.received_signal is not None and not failed_first:
         if returncode == 0:
@@ -324,19 +325,19 @@ def torch_outcome(
     if returncode == 0:
         return success()
     tail = last_lines(agent.tail)
-    if "failures" in report:
+    if report.ranks:
         root = _failed_first(report, agent.marks)
         cause = RootCause(
             node=node,
-            rank=root["rank"],
-            local_rank=root["localRank"],
-            exit_code=root["exitCode"],
-            signal=root["signal"],
+            rank=root.rank,
+            local_rank=root.local_rank,
+            exit_code=root.exit_code,
+            signal=root.signal,
         )
-        said: str | None = root.get("message")
+        said: str | None = root.error
         marked = [said] if said and supervisor.evidence is not None and supervisor.evidence.search(said) else []
         evidence = judge.gather(
-            _returncode(root),
+            root.returncode or 1,
             [*agent.marks, *marked],
             own=_own_words(root, one_node),
             memory_before=memory_before,
@@ -347,25 +348,24 @@ def torch_outcome(
             evidence,
             codes=codes,
             root_cause=cause,
-            what=f"rank {root['rank']} (local rank {root['localRank']}) on {node}",
+            what=f"rank {root.rank} (local rank {root.local_rank}) on {node}",
         )
-        if said := root.get("message") or (root["signal"] == "SIGABRT" and aborted_on(agent.tail)):
+        if said := root.error or (aborted_on(agent.tail) if root.signal == "SIGABRT" else None):
             # A rank the C++ runtime aborted (torch's NCCL watchdog on a CUDA error) wrote no
             # error file: its "what():" line is its error.
             tail = {**tail, "error": said}
-        failed = [f["rank"] for f in report["failures"]]
+        failed = [f.rank for f in report.ranks]
         return outcome.with_extra(failedRanks=failed, **tail)
-    if "launcherError" in report:
-        return internal_error(report["launcherError"], report.get("where"), node).with_extra(**tail)
-    if "error" in report:
-        return Outcome.of(Reasons.CONFIG_ERROR, report["error"], RootCause(node=node))
-    if "agentError" in report:
-        message = f"torchrun on {node} failed: {report['agentError']}"
-        if any(marker in report.get("type", "") or marker in report["agentError"] for marker in _RENDEZVOUS_ERRORS):
+    if report.ending == "crashed":
+        return internal_error(str(report.error), report.where, node).with_extra(**tail)
+    if report.ending == "refused" and report.reason == Reasons.CONFIG_ERROR:
+        return Outcome.of(Reasons.CONFIG_ERROR, str(report.error), RootCause(node=node))
+    if report.ending == "refused":  # torchrun rejected its arguments, or its rendezvous failed
+        message = f"torchrun on {node} failed: {report.error}"
+        if any(marker in str(report.error) for marker in _RENDEZVOUS_ERRORS):
             return Outcome.of(Reasons.RENDEZVOUS_FAILED, message, RootCause(node=node), agent.evidence, tail)
-        if report.get("exitCode"):
-            return Outcome.of(Reasons.CONFIG_ERROR, message, RootCause(node=node))
-    if not report and returncode is not None and returncode > 0:
+        return Outcome.of(Reasons.CONFIG_ERROR, message, RootCause(node=node))
+    if not report.ending and returncode is not None and returncode > 0:
         # The agent reports every way torchrun ends; exiting on its own without a report, it
         # crashed (an uncaught exception: its traceback's last line is in its output).
         last = next(
@@ -382,38 +382,23 @@ def torch_outcome(
     ).with_extra(**tail)
 
 
-def _stopped(record: dict, codes: frozenset[int], node: str) -> Outcome:
+def _stopped(report: records.Report, codes: frozenset[int], node: str) -> Outcome:
     """This node stopped its ranks because another node's failed (its stop record), or because
     the node serving the job's store vanished without a word."""
-    if "lost" in record:
-        host = record["lost"].rsplit(":", 1)[0]
+    record = report.stopped_by
+    if record is None:
+        lost = str(report.peer)
         return Outcome.of(
             Reasons.PEER_LOST,
-            f"the node serving the job's store at {record['lost']} is gone; {node} stopped its ranks",
-            RootCause(node=host),
+            f"the node serving the job's store at {lost} is gone; {node} stopped its ranks",
+            RootCause(node=lost.rsplit(":", 1)[0]),
         )
     cause = RootCause(
-        node=record.get("node"),
-        rank=record.get("rank"),
-        local_rank=record.get("localRank"),
-        exit_code=record.get("exitCode"),
-        signal=record.get("signal"),
+        node=record.node,
+        rank=record.rank,
+        local_rank=record.local_rank,
+        exit_code=record.exit_code,
+        signal=record.signal,
     )
     what = f"rank {cause.rank} on {cause.node}" if cause.rank is not None else f"{cause.node}"
-    return stopped_by(classify(_returncode(record), retryable_codes=codes, root_cause=cause, what=what), node)
-
-
-def _returncode(failure: dict) -> int:
-    """A failure record's exit code, or minus its signal's number, as Popen reports them."""
-    if failure.get("exitCode") is not None:
-        return failure["exitCode"]
-    return -_signum(failure.get("signal"))
-
-
-def _signum(name: str | None) -> int:
-    import signal
-
-    try:
-        return int(signal.Signals[name]) if name else 1
-    except KeyError:
-        return 1
+    return stopped_by(classify(record.returncode or 1, retryable_codes=codes, root_cause=cause, what=what), node)

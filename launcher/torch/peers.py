@@ -8,8 +8,8 @@ store may exit while another still reads the barrier's last key ("Connection res
 Over a second client connection to the same TCPStore (the one torchrun's rendezvous serves on the
 master address and port, or on the c10d endpoint), every agent:
 
-- publishes a stop record as soon as its own ranks have failed for good (no restarts left); the
-  first writer wins, so there is one stop record per job;
+- publishes the job's stop record (launcher/runner/report.py) as soon as its own ranks have
+  failed for good (no restarts left); the first writer wins, so there is one per generation;
 - watches for that record and, when a peer wrote it, stops its own ranks;
 - publishes its node's outcome, as its launcher classified it, and reads every node's, so each
   node can name the same root cause;
@@ -37,11 +37,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
+from launcher.runner import report as records
+
 PREFIX = "trainer-launcher/"
-STOP = PREFIX + "stop"
+GENERATION = 0  # which start of the job this is: one, until restarts in place exist
+STOP = records.stop_key(GENERATION)
 DEPARTED = PREFIX + "departed"
 ALL_DEPARTED = PREFIX + "all-departed"
 CONNECT_TIMEOUT = 5.0
@@ -109,7 +112,10 @@ class Peers:
     peer's stop record arrives (or the store's host vanished) while this node has not finished."""
 
     def __init__(
-        self, config: PeerConfig, on_stop: Callable[[dict], None], on_dump: Callable[[], list[dict]] | None = None
+        self,
+        config: PeerConfig,
+        on_stop: Callable[[], None],
+        on_dump: Callable[[], list[dict]] | None = None,
     ):
         """``on_dump``: take this node's ranks' stacks (and log them); their top frames return."""
         self.config = config
@@ -118,7 +124,8 @@ class Peers:
         self._asked = self._dumped = False
         self._lock = threading.Lock()
         self.role: str | None = None  # "root" once we published the stop record, "victim" once a peer did
-        self.stop_record: dict | None = None
+        self.stop_record: records.StopRecord | None = None  # a peer's, once we are its victim
+        self.lost: str | None = None  # the store's host:port, once it vanished without a record
         self.failed_at: float | None = None
         self._finished = threading.Event()
         self._watcher_idle = threading.Event()  # the watcher will not touch the store again
@@ -202,23 +209,23 @@ class Peers:
         store = self._connect(None, self._finished)
         if store is None:
             return
-        record = None
+        record = lost = None
         # Polled, not a blocking wait: a wait still pending when the store's host leaves at the
         # end of a good run would fail, and torch logs that failure with a C++ stack trace.
-        while record is None and not self._finished.wait(POLL):
+        while record is None and lost is None and not self._finished.wait(POLL):
             try:
                 self._stacks(store)
                 if store.check([STOP]):
-                    record = json.loads(store.get(STOP))
+                    record = records.StopRecord.parse(store.get(STOP).decode())
             except Exception:  # noqa: BLE001 - the store's host went away before anyone published a stop record
-                record = {"lost": f"{self.config.host}:{self.config.port}"}
+                lost = f"{self.config.host}:{self.config.port}"
         self._watcher_idle.set()  # done with the store: conclude may say so for this node
         with self._lock:
-            if record is None or self.role is not None or self._finished.is_set():
+            if (record is None and lost is None) or self.role is not None or self._finished.is_set():
                 return  # done, or the record is our own
             self.role = "victim"
-            self.stop_record = record
-        self._on_stop(record)
+            self.stop_record, self.lost = record, lost
+        self._on_stop()
 
     def _stacks(self, store) -> None:
         """Ask every node for its stacks when our launcher asked us; give ours when any node asked."""
@@ -252,25 +259,25 @@ class Peers:
 
     # --- publishing ----------------------------------------------------------------------------
 
-    def publish_stop(self, record: dict) -> None:
+    def publish_stop(self, record: records.StopRecord) -> None:
         """Our ranks failed for good: tell the others to stop theirs (the first record wins)."""
         with self._lock:
             if self.role is not None:
                 return
             self.failed_at = time.time()
-            mine = json.dumps({**record, "nodeRank": self.config.node_rank, "node": self.config.node})
+            mine = replace(record, generation=GENERATION, node_rank=self.config.node_rank, node=self.config.node)
             store = self._main_store()
             if store is None:
                 self.role = "root"
                 return
             try:
-                current = store.compare_set(STOP, "", mine).decode()
+                won, winner = records.claim(_Keys(store), mine)
             except Exception:  # noqa: BLE001 - the store failed: this node's own record stands
                 self.role = "root"
                 return
-            self.role = "root" if current == mine else "victim"
-            if self.role == "victim":
-                self.stop_record = json.loads(current)
+            self.role = "root" if won else "victim"
+            if not won:
+                self.stop_record = winner
 
     def conclude(self, outcome: dict | None) -> list[dict]:
         """Publish this node's outcome, wait for every node's, and return them (ours included).
@@ -340,6 +347,16 @@ class Peers:
 
         serving = compat.serves_port(self.config.port)
         return self.config.node_rank == 0 if serving is None else serving
+
+
+class _Keys:
+    """The job's store as the stop record's transport (launcher/runner/report.py)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def claim(self, key: str, value: str) -> str:
+        return self.store.compare_set(key, "", value).decode()
 
 
 def stop_local_ranks(workers: list, grace: float) -> None:
