@@ -2,13 +2,12 @@
 
 It runs the program exactly as ``python`` would (launcher/runner/program.py, the runner every
 framework shares), and, as ``python -m mpi4py`` does, an uncaught exception or a non-zero exit in
-one rank calls MPI_Abort, so the others stop waiting. Before that abort it
-tells the launcher which rank failed, on which node, and why: the launcher's one report
-(launcher/runner/report.py: ending ``failed``, or ``refused`` for an mpi4py out of range) as one
-JSON line over TCP to the address in ``TRAINER_LAUNCHER_RANK_REPORT``, the token beside it,
-answered before the abort goes out. mpirun's own
-"rank N aborted" line travels through the MPI's output forwarding, which the abort itself races
-and sometimes loses; this report does not. A program whose MPI came up without mpi4py (MLX's MPI
+one rank calls MPI_Abort, so the others stop waiting. Before that abort it tells the launcher
+which rank failed, on which node, and why: the launcher's one report (launcher/runner/report.py:
+ending ``failed``, or ``refused`` for an mpi4py out of range) as one JSON line over TCP to the
+address in ``TRAINER_LAUNCHER_RANK_REPORT``, the token beside it, answered before the abort goes
+out. mpirun's own "rank N aborted" line travels through the MPI's output forwarding, which the
+abort itself races and sometimes loses; this report does not. A program whose MPI came up without mpi4py (MLX's MPI
 backend loads libmpi itself) is aborted the same way, through that library.
 
 Imports nothing of the launcher but stdlib-only modules (the runner, the version table), and
