@@ -22,7 +22,7 @@ from hypothesis import example, given, strategies as st
 
 from fuzz import hostile_bytes
 from launcher.mpi.rank import REPORT_ENV, report
-from launcher.mpi.reports import RankFailure, RankReports
+from launcher.mpi.reports import RankReports, rank_report
 from launcher.status import intake
 from launcher.status.board import StackBoard
 from launcher.status.lines import LineParser, Observation
@@ -83,23 +83,31 @@ def test_no_peer_stops_the_rank_reports_from_reaching_the_launcher(reports, data
         hostile = b"[" * 3000 + b"\n"
     else:
         hostile = data.draw(hostile_bytes() | JSON_VALUE.map(
-            lambda value: json.dumps({"token": token, "rank": value, "exitCode": value, "host": value}).encode() + b"\n"))
+            lambda value: json.dumps({"token": token, "ending": "failed", "rank": value, "exitCode": value, "node": value,
+                                      "localRank": value, "error": value}).encode() + b"\n"))
     send_and_close(address, hostile)
     before = len(reports.received)
     # A real rank's report, as launcher.mpi.rank sends it, still gets through.
     assert report(3, "boom", reports.env[REPORT_ENV]), "the launcher did not take an honest rank's report"
     received = wait_for(lambda: reports.received[before:] or None, "the honest report")
     assert any(r.exit_code == 3 and r.error == "boom" for r in received)
-    for failure in reports.received:  # whatever was kept is typed as the launcher reads it
-        assert isinstance(failure.rank, int) and not isinstance(failure.rank, bool)
-        assert failure.exit_code is None or isinstance(failure.exit_code, int)
+    for kept in reports.received:  # whatever was kept is typed as the launcher reads it
+        _assert_typed(kept)
 
 
-@given(JSON_VALUE)
-def test_any_decoded_report_is_a_typed_failure_or_nothing(value):
-    failure = RankFailure.parse(value)
-    if failure is not None:
-        assert isinstance(failure.rank, int) and (failure.host is None or isinstance(failure.host, str))
+def _assert_typed(kept) -> None:
+    assert type(kept.rank) is int
+    assert kept.exit_code is None or type(kept.exit_code) is int
+    assert kept.local_rank is None or type(kept.local_rank) is int
+    assert all(text is None or isinstance(text, str) for text in (kept.node, kept.error, kept.where, kept.reason))
+
+
+@given(JSON_VALUE | st.dictionaries(st.sampled_from(["ending", "rank", "localRank", "node", "exitCode", "error"]),
+                                    JSON_VALUE | st.sampled_from(["failed", "crashed"])))
+def test_any_decoded_report_is_a_typed_report_or_nothing(value):
+    kept = rank_report(value)
+    if kept is not None:
+        _assert_typed(kept)
 
 
 # --- the stack board -------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ from launcher.mpi.detect import MpiImpl, find_libmpi
 from launcher.mpi.hostfile import Host
 from launcher.mpi.job import mpirun_own_words, root_cause, with_reported_error
 from launcher.mpi.plan import MLX_LIBMPI_ENV, MpiFacts, plan_mpi
-from launcher.mpi.reports import RankFailure
 from launcher.mpi.settings import MpiSettings
+from launcher.runner.report import Report
 
 RUNTIMES = REPO / "runtimes"
 EXAMPLES = REPO / "examples"
@@ -250,7 +250,8 @@ GLOO_ECHO = "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connecti
 
 def test_the_peers_echo_of_a_ranks_own_exit_is_not_a_node_fault():
     assert PEER_LOSS_PATTERN.search(GLOO_ECHO)
-    outcome = with_reported_error(_failed(GLOO_ECHO), [RankFailure(1, "tj-node-0-1", 3, 0, None)], _launcher())
+    reported = [Report("failed", 3, rank=1, local_rank=0, node="tj-node-0-1")]
+    outcome = with_reported_error(_failed(GLOO_ECHO), reported, _launcher())
     assert (outcome.exit_code, outcome.reason) == (3, "Failed")
     assert outcome.message == "rank 1 on tj-node-0-1 exited with code 3"
     assert outcome.root_cause.rank == 1 and outcome.extra["failedRanks"] == [1]
@@ -265,7 +266,8 @@ def test_a_rank_that_left_without_a_report_is_the_cause_and_its_reporting_peer_t
     for line in ["[rank0]: " + GLOO_ECHO.replace("closed", "reset"), "The first process to do so was:", "",
                  "   Process name: [prterun-tj-launcher-0-0-4943@1,1]", "   Exit code:    3"]:
         child.tail.append(line)
-    echo = [RankFailure(0, "tj-node-0-0", 1, 0, "RuntimeError: [pair.cc:537] Read error: Connection reset by peer")]
+    echo = [Report("failed", 1, rank=0, local_rank=0, node="tj-node-0-0",
+                   error="RuntimeError: [pair.cc:537] Read error: Connection reset by peer")]
     cause = root_cause(planned, child, RootCause(node="tj-launcher-0-0", exit_code=3), echo)
     assert (cause.rank, cause.node, cause.exit_code) == (1, "tj-node-0-0", 3)
     failed = judge.verdict(judge.gather(3, [GLOO_ECHO.replace("closed", "reset")], own=mpirun_own_words),
@@ -274,7 +276,8 @@ def test_a_rank_that_left_without_a_report_is_the_cause_and_its_reporting_peer_t
     assert (outcome.exit_code, outcome.reason, outcome.root_cause.rank) == (3, "Failed", 1)
     assert outcome.extra["failedRanks"] == [0] and "error" not in outcome.extra  # the echo's words are not rank 1's
     # A first report that is not a lost peer keeps its reporter as the cause.
-    assert root_cause(planned, child, RootCause(exit_code=3), [RankFailure(0, "h", 1, 0, "ValueError: x")]).rank == 0
+    own = [Report("failed", 1, rank=0, local_rank=0, node="h", error="ValueError: x")]
+    assert root_cause(planned, child, RootCause(exit_code=3), own).rank == 0
 
 
 @pytest.mark.parametrize("evidence, error, reason", [
@@ -284,7 +287,8 @@ def test_a_rank_that_left_without_a_report_is_the_cause_and_its_reporting_peer_t
     (GLOO_ECHO, "RuntimeError: NCCL error: remote process exited or there was a network error", "PeerLost"),
 ])
 def test_a_real_fault_or_a_lost_peer_in_the_ranks_own_words_stays_retryable(evidence, error, reason):
-    outcome = with_reported_error(_failed(evidence), [RankFailure(1, "tj-node-0-1", 1, 0, error)], _launcher())
+    reported = [Report("failed", 1, rank=1, local_rank=0, node="tj-node-0-1", error=error)]
+    outcome = with_reported_error(_failed(evidence), reported, _launcher())
     assert (outcome.exit_code, outcome.reason) == (138, reason)
 
 

@@ -1,11 +1,12 @@
-"""Rank failure reports: ``python -m launcher.mpi.rank`` as a real process, telling a real
-listener (``launcher.mpi.reports``) which rank failed and why. The multi-host runs, with every
-MPI, are in tests/test_mpi.py; these pin down what is and is not reported, and what the
-listener refuses."""
+"""Rank reports: ``python -m launcher.mpi.rank`` as a real process, telling a real listener
+(``launcher.mpi.reports``) which rank failed and why, in the launcher's one report
+(launcher/runner/report.py). The multi-host runs, with every MPI, are in tests/test_mpi.py; these
+pin down what is and is not reported, and what the listener refuses."""
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import pytest
 
 from conftest import REPO, clean_env
 from launcher.mpi import rank
-from launcher.mpi.reports import RankFailure, RankReports, facing_address
+from launcher.mpi.reports import RankReports, facing_address
+from launcher.runner.report import Report
 
 pytest.importorskip("mpi4py")
 
@@ -35,14 +37,14 @@ def run_rank(tmp_path, reports: RankReports, body: str, **env) -> subprocess.Com
                           timeout=60)
 
 
-def test_an_exception_is_reported_with_rank_host_and_message_before_the_rank_exits(tmp_path, reports):
+def test_an_exception_is_reported_with_rank_node_and_message_before_the_rank_exits(tmp_path, reports):
     result = run_rank(tmp_path, reports, "import sys\nassert sys.argv[1:] == ['--lr', '0.1']\n"
                                          "raise ValueError('loss is nan')\n",
                       OMPI_COMM_WORLD_RANK="5", OMPI_COMM_WORLD_LOCAL_RANK="1")
     assert result.returncode == 1
     assert "ValueError: loss is nan" in result.stderr  # the traceback still reaches the log
-    assert reports.received == [RankFailure(rank=5, host=socket.gethostname(), exit_code=1, local_rank=1,
-                                            error="ValueError: loss is nan")]
+    assert reports.received == [Report(ending="failed", exit_code=1, rank=5, local_rank=1, node=socket.gethostname(),
+                                       error="ValueError: loss is nan")]
 
 
 @pytest.mark.parametrize("body, code, error", [
@@ -52,8 +54,22 @@ def test_an_exception_is_reported_with_rank_host_and_message_before_the_rank_exi
 def test_a_failing_sys_exit_is_reported(tmp_path, reports, body, code, error):
     result = run_rank(tmp_path, reports, body, PMI_RANK="2", MPI_LOCALRANKID="0")
     assert result.returncode == code
-    assert reports.received == [RankFailure(rank=2, host=socket.gethostname(), exit_code=code, local_rank=0,
-                                            error=error)]
+    assert reports.received == [Report(ending="failed", exit_code=code, rank=2, local_rank=0, node=socket.gethostname(),
+                                       error=error)]
+
+
+def test_an_mpi4py_out_of_range_is_reported_as_refused_before_the_program_runs(tmp_path, reports):
+    """Stand-in: an mpi4py 3.0.0 (below the range) cannot be installed beside the real one, so only
+    its metadata is put first on the path; the rank refuses before anything imports mpi4py."""
+    site = tmp_path / "site"
+    (site / "mpi4py-3.0.0.dist-info").mkdir(parents=True)
+    (site / "mpi4py-3.0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mpi4py\nVersion: 3.0.0\n")
+    result = run_rank(tmp_path, reports, "print('ran')\n", PMI_RANK="3", PYTHONPATH=f"{REPO}:{site}")
+    assert (result.returncode, result.stdout) == (2, "")
+    [refused] = reports.received
+    assert (refused.ending, refused.reason, refused.exit_code, refused.rank) == ("refused", "UnsupportedVersion", 2, 3)
+    assert refused.node == socket.gethostname() and "mpi4py='3.0.0'" in (refused.error or "")
+    assert refused.error in result.stderr  # the same one line in the rank's log
 
 
 @pytest.mark.parametrize("body", [
@@ -76,12 +92,18 @@ def test_without_a_listener_the_rank_still_fails_at_once(tmp_path):
 
 def test_reports_without_the_token_or_out_of_shape_are_ignored(reports):
     address, port, token = reports.env[rank.REPORT_ENV].split("/")
-    for line in (b'{"token": "guess", "rank": 0, "exitCode": 1}\n', b"not json\n",
-                 '{"token": "\u00e9t\u00e9", "rank": 0}\n'.encode(),
-                 ('{"token": "%s", "rank": "zero"}\n' % token).encode(), b'["a list"]\n'):
+
+    def line(**fields) -> bytes:
+        fields = {"token": token, "ending": "failed", "rank": 0, "exitCode": 1, **fields}
+        return json.dumps({k: v for k, v in fields.items() if v != "-"}, ensure_ascii=False).encode() + b"\n"
+
+    for sent in (line(token="guess"), b"not json\n", line(token="\u00e9t\u00e9"), line(rank="zero"),
+                 line(rank=None), line(ending="fine"), line(ending=None),  # no rank; not one of the endings
+                 line(ending="-", host="h"),  # the shape before the one report: no ending
+                 b'["a list"]\n'):
         with socket.create_connection((address, int(port)), timeout=5) as connection:
-            connection.sendall(line)
-            assert connection.recv(16) == b""  # closed without an answer
+            connection.sendall(sent)
+            assert connection.recv(16) == b"", sent  # closed without an answer
     assert rank.report(1, None, f"{address}/{port}/wrong") is False
     assert reports.received == []
 

@@ -33,8 +33,9 @@ from launcher.mpi.detect import MpiImpl, detect, find_libmpi
 from launcher.mpi.hostfile import Host, parse_hostfile
 from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, known_hosts_text, plan_mpi, split_mpirun_args
 from launcher.mpi.rank import REPORT_ENV
-from launcher.mpi.reports import RankFailure, RankReports, facing_address
+from launcher.mpi.reports import RankReports, facing_address
 from launcher.mpi.settings import MpiSettings
+from launcher.runner.report import Report
 
 # How the MPIs name the rank that brought the job down (MPI_Abort, as `python -m mpi4py` calls it).
 _ABORT_RANK = (
@@ -229,7 +230,7 @@ def mpirun_own_words(line: str) -> bool:
     return not PEER_LOSS_PATTERN.search(line)
 
 
-def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher: LauncherSettings) -> Outcome:
+def with_reported_error(outcome: Outcome, received: list[Report], launcher: LauncherSettings) -> Outcome:
     """The root-cause rank's own words (its exception) and every rank that reported a failure. The
     others' "connection closed/reset by peer" (gloo under DeepSpeed, NCCL) is never evidence about
     it (mpirun_own_words); its own error is, when it exited with a code of its own: a fault, or a
@@ -251,7 +252,7 @@ def with_reported_error(outcome: Outcome, received: list[RankFailure], launcher:
     return outcome.with_extra(**extra)
 
 
-def root_cause(plan: MpiPlan, child: Child, cause: RootCause, received: list[RankFailure] | None = None) -> RootCause:
+def root_cause(plan: MpiPlan, child: Child, cause: RootCause, received: list[Report] | None = None) -> RootCause:
     """The failing rank and its host: from the first rank that reported its failure, else from
     mpirun's output; where only the rank is named, its pod follows from the default by-slot
     placement of our -np over the hostfile (the entry's first label, as the pod's hostname and the
@@ -269,7 +270,7 @@ def root_cause(plan: MpiPlan, child: Child, cause: RootCause, received: list[Ran
                 cause,
                 rank=first.rank,
                 local_rank=first.local_rank,
-                node=first.host,
+                node=first.node,
                 exit_code=first.exit_code if first.exit_code is not None else cause.exit_code,
             )
     cause = said

@@ -2,11 +2,12 @@
 
 It runs the program exactly as ``python`` would (launcher/runner/program.py, the runner every
 framework shares), and, as ``python -m mpi4py`` does, an uncaught exception or a non-zero exit in
-one rank calls MPI_Abort, so the others stop waiting. Before that abort it
-tells the launcher which rank failed, on which host, and why: one JSON line over TCP to the
-address in ``TRAINER_LAUNCHER_RANK_REPORT``, answered before the abort goes out. mpirun's own
-"rank N aborted" line travels through the MPI's output forwarding, which the abort itself races
-and sometimes loses; this report does not. A program whose MPI came up without mpi4py (MLX's MPI
+one rank calls MPI_Abort, so the others stop waiting. Before that abort it tells the launcher
+which rank failed, on which node, and why: the launcher's one report (launcher/runner/report.py:
+ending ``failed``, or ``refused`` for an mpi4py out of range) as one JSON line over TCP to the
+address in ``TRAINER_LAUNCHER_RANK_REPORT``, the token beside it, answered before the abort goes
+out. mpirun's own "rank N aborted" line travels through the MPI's output forwarding, which the
+abort itself races and sometimes loses; this report does not. A program whose MPI came up without mpi4py (MLX's MPI
 backend loads libmpi itself) is aborted the same way, through that library.
 
 Imports nothing of the launcher but stdlib-only modules (the runner, the version table), and
@@ -22,6 +23,7 @@ import socket
 import sys
 
 from launcher.runner import program
+from launcher.runner import report as records
 
 # "<address>/<port>/<token>", set by the launcher. No spaces: hydra passes the environment to
 # remote ranks through a shell command line.
@@ -42,26 +44,24 @@ def _first_int(names: tuple[str, ...]) -> int | None:
     return None
 
 
-def report(status: int, error: str | None, target: str | None = None) -> bool:
-    """Send this rank's failure to the launcher; True once the launcher has it."""
+def report(status: int, error: str | None, target: str | None = None, ending: str = "failed", **fields: str) -> bool:
+    """Send this rank's report (``ending``, its exit ``status``, ``error``, and ``fields`` such as
+    a refusal's ``reason``) to the launcher; True once the launcher has it."""
     target = os.environ.get(REPORT_ENV, "") if target is None else target
     parts = target.split("/")
     if len(parts) != 3 or not parts[1].isdigit():
         return False
     address, port, token = parts[0], int(parts[1]), parts[2]
-    line = (
-        json.dumps(
-            {
-                "token": token,
-                "rank": _first_int(_RANK),
-                "localRank": _first_int(_LOCAL_RANK),
-                "host": socket.gethostname(),
-                "exitCode": status,
-                "error": error,
-            }
-        )
-        + "\n"
+    said = records.report(
+        ending,
+        status,
+        rank=_first_int(_RANK),
+        local_rank=_first_int(_LOCAL_RANK),
+        node=socket.gethostname(),
+        error=error,
+        **fields,
     )
+    line = json.dumps({"token": token, **said}) + "\n"  # the token is the transport's, beside the report
     try:
         with socket.create_connection((address, port), timeout=REPORT_TIMEOUT) as connection:
             connection.sendall(line.encode())
@@ -133,9 +133,12 @@ def abort_on_exit(status: int) -> None:
 
 def main() -> None:
     if line := unsupported_mpi4py():
+        from launcher.core.reasons import Reasons
+
+        refused = Reasons.UNSUPPORTED_VERSION
         print(f"trainer-launcher: error: {line}", file=sys.stderr, flush=True)
-        report(2, line)
-        sys.exit(2)
+        report(refused.exit_code(), line, ending="refused", reason=refused)
+        sys.exit(refused.exit_code())
     try:
         kind, target, args = program.parse_target(sys.argv[1:])
     except ValueError as usage:

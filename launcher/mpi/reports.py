@@ -1,47 +1,29 @@
-"""The launcher's end of the rank failure reports (``launcher.mpi.rank`` is the ranks' end): a
-TCP listener on an ephemeral port, reachable from the workers the way MPI's own wire-up is, that
-keeps every report carrying its token, in the order they arrived."""
+"""The launcher's end of the rank reports (``launcher.mpi.rank`` is the ranks' end): a TCP
+listener on an ephemeral port, reachable from the workers the way MPI's own wire-up is, that keeps
+every report carrying its token, in the order they arrived. A report is the launcher's one report
+(launcher/runner/report.py), read with :func:`rank_report`.
+
+This is MPI's transport for the stop record: the first report of the job is its stop record (its
+root cause), and mpirun's abort carries the stop to the other ranks."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
-from dataclasses import dataclass
 
 from launcher.core.listener import TokenListener
 from launcher.mpi.rank import REPORT_ENV
+from launcher.runner.report import Report
 
 _LINE_LIMIT = 64 * 1024
 
 
-@dataclass(frozen=True)
-class RankFailure:
-    """One rank's report of its own failure."""
-
-    rank: int
-    host: str | None
-    exit_code: int | None
-    local_rank: int | None = None
-    error: str | None = None  # the exception, in a line
-
-    @classmethod
-    def parse(cls, data) -> RankFailure | None:
-        def number(value) -> int | None:
-            return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-        def text(value) -> str | None:
-            return value if isinstance(value, str) and value else None
-
-        if not isinstance(data, dict) or number(data.get("rank")) is None:
-            return None
-        return cls(
-            rank=data["rank"],
-            host=text(data.get("host")),
-            exit_code=number(data.get("exitCode")),
-            local_rank=number(data.get("localRank")),
-            error=text(data.get("error")),
-        )
+def rank_report(data: object) -> Report | None:
+    """The report in a rank's line (decoded JSON), or None where it is none or names no rank: every
+    rank knows its own (launcher.mpi.rank), and the job's root cause is a rank."""
+    report = Report.parse(data)
+    return report if report is not None and report.rank is not None else None
 
 
 def facing_address(hosts: tuple[str, ...], port: int) -> tuple[int, str]:
@@ -59,22 +41,22 @@ def facing_address(hosts: tuple[str, ...], port: int) -> tuple[int, str]:
 
 
 class RankReports(TokenListener):
-    """Collects failure reports while the job runs. ``env`` tells the ranks where to send them."""
+    """Collects the ranks' reports while the job runs. ``env`` tells the ranks where to send them."""
 
     def __init__(self, family: int, address: str):
-        self._reports: list[RankFailure] = []
+        self._reports: list[Report] = []
         self._lock = threading.Lock()
         super().__init__(family, address, REPORT_ENV, "rank-reports")
 
     @property
-    def received(self) -> list[RankFailure]:
+    def received(self) -> list[Report]:
         """The reports so far, the first to arrive first."""
         with self._lock:
             return list(self._reports)
 
     def _accepted(self, connection: socket.socket) -> None:
         with connection:
-            report = RankFailure.parse(self.first_line(connection, _LINE_LIMIT))
+            report = rank_report(self.first_line(connection, _LINE_LIMIT))
             if report is None:
                 return
             with self._lock:
