@@ -1,13 +1,13 @@
 """The launcher's two records: the one **report** a process in the user's interpreter gives its
 launcher, and the one **stop record** the pods of a job share when it fails.
 
-A report says how one process ended (a rank under MPI, a JAX process, an XGBoost worker, the torch
-agent for its node's ranks). It is written once, complete or not at all: a file renamed into
-place (:func:`write`), or one JSON line over TCP (MPI's ranks, launcher/mpi/rank.py). Its
+A report says how one process ended: a rank, a framework's process or worker, or an agent that
+runs a node's ranks. It is written once, complete or not at all: a file renamed into place
+(:func:`write`), or one JSON line over a socket where the ranks run on other hosts. Its
 ``ending`` is one of :data:`ENDINGS`:
 
 ``succeeded``
-    the program finished (where a process reports a success at all: the torch agent does);
+    the program finished (where a process reports a success at all: an agent does);
 ``failed``
     the program failed on its own account: ``exitCode`` or ``signal``, ``error`` (the exception
     in a line), ``at`` (when, in seconds since the epoch, where known);
@@ -22,8 +22,8 @@ place (:func:`write`), or one JSON line over TCP (MPI's ranks, launcher/mpi/rank
 ``crashed``
     the runner's own bug, not the program's: ``error`` and ``where`` (launcher/core/crash.py).
 
-Every report may name ``rank``, ``localRank`` and ``node``. A process that runs several (the
-torch agent, for its node's ranks) lists in ``ranks`` a report of each rank that failed, and
+Every report may name ``rank``, ``localRank`` and ``node``. A process that runs several (an
+agent, for its node's ranks) lists in ``ranks`` a report of each rank that failed, and
 names the one that failed first in its own ``rank``. A report of a process that failed on its
 own may still carry ``stoppedBy``: another pod's record won the job's root cause meanwhile.
 
@@ -32,8 +32,8 @@ start of the job it ends: a restart in place begins the next one, and the record
 one are stale), ``node`` and ``nodeRank``, the ``rank`` that failed first with its
 ``localRank``, ``exitCode`` or ``signal``, ``error``, and ``outcome`` (that pod's judged outcome,
 where a framework shares it). One record wins per generation: the first written (:func:`claim`).
-Each framework carries it over what its pods already share (:class:`Transport`): torch's
-rendezvous store, JAX's key-value store, XGBoost's stop board, MPI's rank reports.
+Each framework carries it over what its pods already share (:class:`Transport`): a rendezvous or
+coordination store, a stop board, or the rank reports themselves (docs/architecture.md).
 
 Stdlib only and Python 3.10 syntax: it runs in the user's interpreter, loaded by path beside
 program.py (``program.load_sibling``), and in the launcher as ``launcher.runner.report``.
