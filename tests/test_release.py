@@ -49,7 +49,7 @@ def test_the_sdist_and_the_wheel_pass_twine_check_and_carry_the_one_version(dist
         names = wheel.namelist()
         metadata = wheel.read(f"trainer_launcher-{__version__}.dist-info/METADATA").decode()
     # The hook every rank imports (status, hang stacks; torch's exit handler) ships; the tests do not.
-    assert "launcher/status/hook/sitecustomize.py" in names
+    assert "launcher/runner/hook/sitecustomize.py" in names
     assert "launcher/torch/hook/_trainer_launcher_torch_end.py" in names
     assert not [n for n in names if n.startswith("tests/")]
     assert any(n.endswith("/licenses/LICENSE") for n in names), names[-8:]

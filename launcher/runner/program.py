@@ -49,7 +49,7 @@ INTERRUPTED = 128 + signal.SIGINT  # what a shell shows for a program that pytho
 _HERE = os.path.realpath(__file__)
 _RUNPY = os.path.realpath(runpy.__file__)
 _LONG = 2**63  # sys.exit(n) goes through a C long: python exits 255 for an n outside it
-STACKS_HOOK = os.path.join(os.pardir, "status", "hook", "_trainer_launcher_stacks.py")
+STACKS_HOOK = os.path.join("hook", "_trainer_launcher_stacks.py")
 
 
 # --- the launcher's other files -------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Every rank's Python stacks, without ptrace.
 
-With hang detection on, each rank's interpreter runs ``hook/sitecustomize.py`` at start: it opens
+With hang detection on, each rank's interpreter runs ``launcher/runner/hook/sitecustomize.py`` at start: it opens
 ``<pid>.stacks`` in :data:`STACKS_ENV`'s directory, writes a one-line header (pid, start time,
 rank, local rank, the signal, the main thread's id) and registers faulthandler for a real-time
 signal. :func:`collect` sends that signal to every registered rank that is still the process
@@ -18,11 +18,13 @@ import re
 import time
 from dataclasses import dataclass
 
+from launcher import runner
+
 STACKS_ENV = "LAUNCHER_STACKS_DIR"
 # Where ranks that find no stacks directory here reach the launcher's board (board.py):
 # "<address>/<port>/<token>". Not LAUNCHER_*, which mpirun never exports.
 BOARD_ENV = "TRAINER_LAUNCHER_STACKS_BOARD"
-HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
+HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(runner.__file__)), "hook")  # code for the ranks' interpreters
 # The modules (comma-separated, ours alone: "_trainer_launcher_*") that the hook's sitecustomize
 # imports too: a framework's own code for its ranks (a hook folder in its package).
 RANK_HOOKS_ENV = "TRAINER_LAUNCHER_RANK_HOOKS"

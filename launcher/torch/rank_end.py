@@ -1,5 +1,5 @@
 """What every torch rank is given so that a finished program ends cleanly: the directory of
-``_trainer_launcher_torch_end`` (launcher/torch/hook) on its PYTHONPATH, behind the status hook's
+``_trainer_launcher_torch_end`` (launcher/torch/hook) on its PYTHONPATH, behind the runner hook's
 sitecustomize that imports it (torch issue 117762; docs/frameworks/torch.md)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the groups are destroyed, each gloo backend's destructor (which releases the GIL
 threads where nothing else holds the backend, and any thread that lives on is waited for until
 it is idle.
 
-Registered on import, at interpreter start (the sitecustomize of launcher/status/hook), so it
+Registered on import, at interpreter start (the sitecustomize of launcher/runner/hook), so it
 runs after every exit handler the program registers. The exit code stays the interpreter's own.
 It does nothing without torch.distributed. A program ending on an uncaught exception or a failing
 ``sys.exit`` keeps its groups (they close as the process ends); its threads only settle. Groups
