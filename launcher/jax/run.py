@@ -36,7 +36,6 @@ and exit 2).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -72,13 +71,11 @@ if TYPE_CHECKING:  # the same files, as a type checker finds them
     from launcher.jax.compat import Store
     from launcher.runner import program
     from launcher.runner import report as records
-else:
-    _spec = importlib.util.spec_from_file_location(
-        "_trainer_launcher_program",
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"),
-    )
-    program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(program)
+else:  # through the one loader beside it (launcher/runner/_trainer_launcher_load.py)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner"))
+    from _trainer_launcher_load import program
+
+    del sys.path[0]
 
 
 # The report to the launcher and the job's stop record (launcher/runner/report.py).

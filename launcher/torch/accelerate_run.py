@@ -17,7 +17,6 @@ Run by path in the ranks' interpreter: the standard library and the launcher's s
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -27,13 +26,11 @@ USE_CPU = "ACCELERATE_USE_CPU"
 
 if TYPE_CHECKING:  # the same file, as a type checker finds it
     from launcher.runner import program
-else:
-    _spec = importlib.util.spec_from_file_location(
-        "_trainer_launcher_program",
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"),
-    )
-    program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(program)
+else:  # through the one loader beside it (launcher/runner/_trainer_launcher_load.py)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner"))
+    from _trainer_launcher_load import program
+
+    del sys.path[0]
 
 
 def follow_use_cpu(state: Any) -> bool:
