@@ -4,7 +4,7 @@ first on ``sys.path`` for one import of this module, whose name no program's mod
 :data:`program` from it; everything else it loads through that (``program.load_sibling``,
 ``program.core``, ``program.records``), each under a private name.
 
-Stdlib only, Python 3.8 syntax.
+Stdlib only; its Python floor is in ruff.toml, as for all of runner/.
 """
 
 import importlib.util
