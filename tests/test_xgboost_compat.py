@@ -62,7 +62,7 @@ def test_an_xgboost_below_the_floor_is_refused_with_exit_2_in_one_line(tmp_path)
     line = assert_one_line_naming(result, "expected xgboost >=2.1,<3.3", "xgboost='2.0.3'")
     said = versions.refusal("xgboost", "2.0.3")
     assert line == f"trainer-launcher: xgboost: {said}"
-    assert json.loads(report.read_text()) == {"taskId": 1, "exitCode": 2, "error": said, "peerLost": False,
+    assert json.loads(report.read_text()) == {"ending": "refused", "exitCode": 2, "rank": 1, "error": said,
                                               "reason": "UnsupportedVersion"}
 
 

@@ -21,7 +21,6 @@ Once running, the pods share one stop record through pod 0's board (launcher/xgb
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -33,6 +32,7 @@ from launcher import status
 from launcher.core import judge, lifecycle, python_argv
 from launcher.core.supervisor import Child
 from launcher.export.step import Export
+from launcher.runner import report as records
 from launcher.xgboost import run as runner_module
 from launcher.xgboost import tracker as tracker_module
 from launcher.xgboost.stops import SERVE_STEP
@@ -406,7 +406,7 @@ class XGBoostPod(lifecycle.Pod):
             for s in self.workers
             if s.child is not None
             and s.child.returncode not in (0, None)
-            and _read_report(s.report_path) is not None
+            and records.Report.read(s.report_path) is not None
             and not _peer_lost(s)
         ]
         return min(own, key=_exited_at) if own else spawned
@@ -424,18 +424,19 @@ class XGBoostPod(lifecycle.Pod):
             signal=signal_name(-returncode) if returncode < 0 else None,
         )
         what = f"XGBoost worker (task {worker.task_id}) on {node}"
-        report = _read_report(spawned.report_path) or {}
-        if report.get("reason") == Reasons.LAUNCHER_ERROR and report.get("error"):
+        report = records.Report.read(spawned.report_path)
+        error = report.error if report is not None else None
+        if report is not None and report.ending == "crashed" and error:
             # The runner's own bug, not the program's failure (launcher/core/crash.py).
-            return internal_error(report["error"], None, node)
-        if report.get("reason") == Reasons.UNSUPPORTED_VERSION and report.get("error"):
+            return internal_error(error, report.where, node)
+        if report is not None and report.ending == "refused" and report.reason == Reasons.UNSUPPORTED_VERSION and error:
             # The runner refused the interpreter's xgboost before importing it (launcher/core/versions.py).
-            return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {report['error']}", cause)
+            return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {error}", cause)
         if _peer_lost(spawned):
             # Worded so launcher.core.job_outcome (PEER_LOSS_PATTERN) never takes this pod for the
             # job's root cause: xgboost's own words ("Encountered EOF. The other end is likely
             # closed.") say the same thing, but not in the pattern's.
-            said = report.get("error") or _peer_loss_line(child)
+            said = error or _peer_loss_line(child)
             outcome = Outcome.of(
                 Reasons.PEER_LOST,
                 f"{what} lost a peer: a worker on another pod failed or went away, or the tracker did",
@@ -445,8 +446,8 @@ class XGBoostPod(lifecycle.Pod):
         else:
             evidence = judge.gather(returncode, child.marks, memory_before=life.memory)
             outcome = judge.verdict(evidence, codes=life.launcher.retryable_exit_codes, root_cause=cause, what=what)
-        if report.get("error"):
-            outcome = outcome.with_extra(error=report["error"])
+        if error:
+            outcome = outcome.with_extra(error=error)
         return outcome.with_extra(**last_lines(child.tail))
 
 
@@ -461,9 +462,9 @@ def _made(value: _T | None, what: str) -> _T:
 
 
 def _peer_lost(spawned: _Spawned) -> bool:
-    report = _read_report(spawned.report_path)
+    report = records.Report.read(spawned.report_path)
     if report is not None:
-        return bool(report.get("peerLost"))
+        return report.ending == "peerLost"
     # No report (program mode, or killed): what xgboost printed before the end.
     return bool(runner_module.PEER_LOSS.search("\n".join(_made(spawned.child, "a worker").tail)))
 
@@ -479,12 +480,3 @@ def _peer_loss_line(child: Child) -> str:
         (line.strip() for line in reversed(child.tail) if runner_module.PEER_LOSS.search(line)),
         "the collective's connection failed",
     )
-
-
-def _read_report(path: str) -> dict | None:
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

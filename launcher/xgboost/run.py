@@ -26,12 +26,15 @@ distributed (``xgboost.train`` and ``QuantileDMatrix`` just work). In detail:
   (launcher/core/versions.py): outside it, after the go word, one line and exit 2 (its report's
   reason UnsupportedVersion), unless LAUNCHER_ALLOW_UNTESTED_VERSIONS=1 (one warning line).
 - A failing program exits with its own status at once, without the collective's shutdown, after
-  writing a JSON report (its task id, exit code, error in a line, and whether that error is a lost
-  peer) to the file ``--report``: the launcher names the worker from it.
+  writing its report (launcher/runner/report.py) to the file ``--report``: ending ``failed``, or
+  ``peerLost`` where the error is a lost peer (a tracker it could not join too), its task id as
+  ``rank``, exit code and error in a line. The launcher names the worker from it. The version gate
+  reports ``refused`` (reason UnsupportedVersion), the runner's own bug ``crashed``.
 
 Run by path, not as ``-m launcher.xgboost.run``, so any interpreter that has xgboost can run it:
 it imports nothing but the standard library and xgboost, and stdlib-only files of the launcher
-loaded by path: ../runner/program.py, which runs the program exactly as python would; compat.py,
+loaded by path: ../runner/program.py, which runs the program exactly as python would;
+../runner/report.py, the report every runner writes; compat.py,
 through which every use of xgboost's internals goes; ../core/versions.py, ../core/crash.py and
 ../core/reasons.py. It reads its few variables itself (the launcher has validated them
 already; run by hand, a bad value is one line and exit 2).
@@ -70,6 +73,8 @@ else:
     _spec.loader.exec_module(program)
 
 
+# The report every runner gives its launcher (launcher/runner/report.py).
+records = program.records()
 # Every use of xgboost's internals, behind feature checks (launcher/xgboost/compat.py).
 compat = program.load_sibling(__file__, "compat.py", "_trainer_launcher_xgboost_compat")
 # The runner's own bug told apart from the program's failure (launcher/core/crash.py).
@@ -126,7 +131,8 @@ def version_gate(go_fd: int | None, report_path: str | None, version: str | None
     os.environ.update(wait_for_go(go_fd))
     refused = check_version(version)  # the go word may carry LAUNCHER_ALLOW_UNTESTED_VERSIONS
     if refused is not None:
-        report(report_path, 2, refused, False, WorkerEnv(dict(os.environ)).task_id, reason=UNSUPPORTED)
+        task_id = WorkerEnv(dict(os.environ)).task_id
+        report(report_path, "refused", 2, task_id, error=refused, reason=UNSUPPORTED)
         _usage_error(refused)
     return None
 
@@ -291,15 +297,10 @@ def tell_joined(fd: int | None, task_id: int) -> None:
     os.close(fd)
 
 
-def report(
-    path: str | None, status: int, error: str | None, peer_lost: bool, task_id: int, reason: str | None = None
-) -> None:
-    if not path:
-        return
-    record = {"taskId": task_id, "exitCode": status, "error": error, "peerLost": peer_lost}
-    if reason is not None:
-        record["reason"] = reason
-    program.write_report(path, record)  # unwritten: the launcher judges from the exit code alone
+def report(path: str | None, ending: str, status: int, task_id: int | None, **fields: str | None) -> None:
+    """This worker's report to the launcher (launcher/runner/report.py), its task id as the rank:
+    written whole or not at all. Unwritten, the launcher judges from the exit code alone."""
+    records.write(path, records.report(ending, status, rank=task_id, **fields))
 
 
 # --- running the program ----------------------------------------------------------------------
@@ -333,7 +334,8 @@ def main(argv: list[str] | None = None) -> None:
             f"task {worker.task_id} could not join the tracker at {worker.tracker_uri}:{worker.tracker_port}: "
             f"{error_line(error)}"
         )
-        report(report_path, JOIN_FAILED, f"could not join the tracker: {error_line(error)}", True, worker.task_id)
+        said = f"could not join the tracker: {error_line(error)}"
+        report(report_path, "peerLost", JOIN_FAILED, worker.task_id, error=said)  # the tracker, or its host, is gone
         program.leave(JOIN_FAILED)
     tell_joined(joined_fd, worker.task_id)
     joined = JoinedCollective(worker, collective, tracker, xgboost)
@@ -342,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     joined.uninstall()
     if ending.status != 0:  # leave without the collective's shutdown: it would wait on peers
         peer_lost = ending.error is not None and bool(PEER_LOSS.search(str(ending.error)))
-        report(report_path, ending.status, describe(ending.error), peer_lost, worker.task_id)
+        ended = "peerLost" if peer_lost else "failed"
+        report(report_path, ended, ending.status, worker.task_id, error=describe(ending.error))
         program.leave(ending.status, interrupted=ending.interrupted)
     try:
         collective.finalize()
@@ -355,19 +358,14 @@ def main(argv: list[str] | None = None) -> None:
 
 def crashed(error: BaseException) -> None:
     """This runner's own bug (the program's failures never get here: run_program catches them):
-    its traceback, then a report the launcher turns into LauncherError, exit 70."""
+    its traceback, then a report (ending ``crashed``) the launcher turns into LauncherError, exit 70."""
     import traceback
 
     traceback.print_exception(error)
-    where = crash.crash_site(error)
-    report(
-        parse_options(sys.argv[1:])[0].get("--report"),
-        crash.INTERNAL_ERROR,
-        crash.describe(error) + (f" at {where}" if where else ""),
-        False,
-        -1,
-        reason=crash.REASON,
-    )
+    path = parse_options(sys.argv[1:])[0].get("--report")
+    task = os.environ.get("DMLC_TASK_ID", "").strip()  # unknown before the go word of an early runner
+    task_id = int(task) if task.isdigit() else None
+    report(path, "crashed", crash.INTERNAL_ERROR, task_id, error=crash.describe(error), where=crash.crash_site(error))
     program.leave(crash.INTERNAL_ERROR)
 
 
