@@ -304,20 +304,33 @@ OUTCOME = st.fixed_dictionaries({}, optional={
     "retryable": JSON_VALUE, "extra": JSON_VALUE})
 
 
-@given(st.fixed_dictionaries({}, optional={"pod": st.integers(-2, 6) | JSON_VALUE, "outcome": OUTCOME | JSON_VALUE})
-       | JSON_VALUE)
+SMALL_INT = st.integers(-2, 300) | JSON_VALUE
+
+
+@given(st.fixed_dictionaries({}, optional={
+    "generation": st.integers(-1, 2) | JSON_VALUE, "nodeRank": st.integers(-2, 6) | JSON_VALUE,
+    "node": st.text(max_size=300) | JSON_VALUE, "rank": SMALL_INT, "localRank": SMALL_INT, "exitCode": SMALL_INT,
+    "signal": st.text(max_size=12) | JSON_VALUE, "error": st.text(max_size=3000) | JSON_VALUE,
+    "outcome": OUTCOME | JSON_VALUE}) | JSON_VALUE)
+@example({"generation": 0, "nodeRank": 2, "node": "", "rank": 5, "exitCode": 3, "error": "e" * 3000,
+          "outcome": {"exitCode": 3, "reason": "Failed", "message": "m" * 3000, "evidence": "x" * 900}})
 def test_a_stop_record_is_one_every_pod_can_act_on_or_it_is_refused(value):
     from launcher.core.outcome import Outcome
+    from launcher.runner.report import TEXT_LIMIT
     from launcher.xgboost.board import MESSAGE_LIMIT, BadRecord, check_record
 
     try:
-        record = check_record(value, range(1, 4))
+        record = check_record(value, range(1, 4), 0)
     except BadRecord as refusal:
         assert "\n" not in str(refusal)
         return
-    outcome = Outcome.from_json(record["outcome"])
-    assert record["pod"] in range(1, 4) and 0 <= outcome.exit_code <= 255
-    assert len(outcome.message) <= MESSAGE_LIMIT
+    assert record.outcome is not None
+    outcome = Outcome.from_json(record.outcome)
+    assert record.generation == 0 and record.node_rank in range(1, 4) and 0 <= outcome.exit_code <= 255
+    assert record.exit_code is None or 0 <= record.exit_code <= 255
+    assert len(outcome.message) <= MESSAGE_LIMIT and (record.error is None or len(record.error) <= TEXT_LIMIT)
+    # pod 0's board sends on what it took; every other pod reads it back the same
+    assert check_record(json.loads(record.dumps()), range(4), 0) == record
 
 
 @given(st.lists(hostile_bytes(), max_size=6))

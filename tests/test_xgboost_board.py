@@ -4,8 +4,8 @@ The board listens on 0.0.0.0 with no token (the XGBoost runtime mounts no Secret
 the pod network can reach it. It takes a stop record only when it is well formed and comes from
 the address of the pod it names; the rest is dropped with one line per peer, and never ends the
 job or crashes the launcher. Integration tests run real launcher pods with real xgboost workers
-and send the hostile bytes over a real socket; unit tests check the record schema, the pods'
-names and the board's lookups in-process."""
+and send the hostile bytes over a real socket; unit tests check the record schema (the launcher's
+one stop record, launcher/runner/report.py), the pods' names and the board's lookups in-process."""
 
 from __future__ import annotations
 
@@ -22,13 +22,24 @@ import pytest
 
 from conftest import Job, free_port, launcher, needs_root, wait_for, with_private_names
 from launcher.core.outcome import Outcome
-from launcher.xgboost import board
+from launcher.runner.report import StopRecord
+from launcher.xgboost import board, stops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_xgboost import TRAIN, pod_env, reports  # noqa: E402
 
 ATTACK = {"exitCode": 3, "reason": "Failed", "message": "attacker text"}
 DROPPED = "xgboost: stop board: ignored what"
+
+
+def record_of(node_rank: object, outcome: object = None, generation: object = 0, **fields: object) -> dict:
+    """A stop record as a pod sends it (StopRecord's JSON), its outcome left out where None."""
+    record = {"generation": generation, "nodeRank": node_rank, **fields}
+    return record if outcome is None else {**record, "outcome": outcome}
+
+
+def line_of(record: dict) -> bytes:
+    return json.dumps({"stop": record}).encode() + b"\n"
 
 
 # --- real pods, a hostile peer -------------------------------------------------------------------
@@ -99,9 +110,12 @@ def out(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("payload", [
-    pytest.param(json.dumps({"stop": {"pod": 9, "outcome": ATTACK}}).encode() + b"\n", id="a-foreign-pods-outcome"),
-    pytest.param(b'{"stop":{"pod":9}}\n', id="b-a-record-without-an-outcome"),
+    pytest.param(line_of(record_of(9, ATTACK)), id="a-foreign-pods-outcome"),
+    pytest.param(b'{"stop":{"generation":0,"nodeRank":1}}\n', id="b-a-record-without-an-outcome"),
     pytest.param(b"[" * 3000 + b"\n", id="c-json-nested-3000-deep"),
+    # pod 1's well-formed record from a loopback peer, which a loopback tracker trusts: only its
+    # generation (an earlier start's, or a stranger's) keeps it from stopping the job
+    pytest.param(line_of(record_of(1, ATTACK, generation=1)), id="d-a-stale-generations-record"),
 ])
 def test_a_hostile_line_to_the_board_neither_ends_the_job_nor_crashes_pod_0(tmp_path, out, payload):
     port = free_port_pair()
@@ -132,7 +146,7 @@ def test_with_a_loopback_tracker_a_peer_from_another_address_is_turned_away(tmp_
     pods = start_pods(tmp_path, out, port, BEHAVIOUR="sleep")
     try:
         wait_for(lambda: len(reports(out)) == 2, timeout=120, what="both workers inside the collective")
-        record = json.dumps({"stop": {"pod": 1, "outcome": ATTACK}}).encode() + b"\n"
+        record = line_of(record_of(1, ATTACK))
         with send_from(outside, outside, port + board.PORT_OFFSET, record):
             until_heard(pods[0], DROPPED)
             assert_survived(pods, outside)
@@ -157,7 +171,7 @@ def test_with_the_controllers_names_a_well_formed_record_from_an_address_of_no_p
     pods = start_pods(tmp_path, out, port, private, tracker="tj-node-0-0.tj", BEHAVIOUR="sleep")
     try:
         wait_for(lambda: len(reports(out)) == 2, timeout=120, what="both workers inside the collective")
-        record = json.dumps({"stop": {"pod": 1, "outcome": ATTACK}}).encode() + b"\n"
+        record = line_of(record_of(1, ATTACK))
         with send_from("127.0.0.9", "127.0.0.1", port + board.PORT_OFFSET, record):
             until_heard(pods[0], DROPPED)
             assert_survived(pods, "127.0.0.9")
@@ -189,40 +203,61 @@ GOOD = {"exitCode": 3, "reason": "Failed", "message": "XGBoost worker (task 1) o
 
 
 def test_a_well_formed_record_passes_and_reads_back_as_its_outcome():
-    record = board.check_record({"pod": 1, "outcome": GOOD}, range(1, 3))
-    assert record["pod"] == 1
-    outcome = Outcome.from_json(record["outcome"])
+    sent = record_of(1, GOOD, node="h", rank=1, localRank=0, exitCode=3, error="ValueError: x")
+    record = board.check_record(sent, range(1, 3), 0)
+    assert (record.generation, record.node_rank, record.node, record.rank, record.exit_code) == (0, 1, "h", 1, 3)
+    assert record.to_json() == sent  # what the board sends on is what the pod posted
+    assert record.outcome is not None
+    outcome = Outcome.from_json(record.outcome)
     assert (outcome.exit_code, outcome.reason, outcome.root_cause.rank) == (3, "Failed", 1)
     assert outcome.extra == {"error": "ValueError: x", "lastLines": ["a", "b"]}
 
 
 def test_a_long_message_is_cut_to_the_limit():
-    record = board.check_record({"pod": 1, "outcome": {**GOOD, "message": "x" * 100_000}}, range(1, 2))
-    assert len(record["outcome"]["message"]) <= board.MESSAGE_LIMIT
+    record = board.check_record(record_of(1, {**GOOD, "message": "x" * 100_000}, error="y" * 100_000), range(1, 2), 0)
+    assert record.outcome is not None and len(record.outcome["message"]) <= board.MESSAGE_LIMIT
+    assert record.error is not None and len(record.error) <= 1000
+
+
+def test_a_record_of_another_generation_is_refused_as_stale():
+    for generation, board_generation in ((1, 0), (0, 1), (10**5000, 0)):
+        with pytest.raises(board.BadRecord, match="stale"):
+            board.check_record(record_of(1, GOOD, generation=generation), range(1, 3), board_generation)
+    assert board.check_record(record_of(1, GOOD, generation=1), range(1, 3), 1).generation == 1
+
+
+HUGE = 10**5000
 
 
 @pytest.mark.parametrize("value", [
-    None, [], "stop", {"pod": 1}, {"outcome": GOOD},
-    {"pod": True, "outcome": GOOD}, {"pod": 0, "outcome": GOOD}, {"pod": 3, "outcome": GOOD},
-    {"pod": -1, "outcome": GOOD}, {"pod": "1", "outcome": GOOD}, {"pod": 1.0, "outcome": GOOD},
-    {"pod": 10 ** 5000, "outcome": GOOD},
-    {"pod": 1, "outcome": "Failed"}, {"pod": 1, "outcome": {}},
-    {"pod": 1, "outcome": {**GOOD, "exitCode": 256}}, {"pod": 1, "outcome": {**GOOD, "exitCode": -1}},
-    {"pod": 1, "outcome": {**GOOD, "exitCode": "3"}}, {"pod": 1, "outcome": {**GOOD, "exitCode": True}},
-    {"pod": 1, "outcome": {**GOOD, "exitCode": 3.0}},
-    {"pod": 1, "outcome": {k: v for k, v in GOOD.items() if k != "reason"}},
-    {"pod": 1, "outcome": {**GOOD, "reason": 7}}, {"pod": 1, "outcome": {**GOOD, "reason": ""}},
-    {"pod": 1, "outcome": {**GOOD, "reason": "R" * 1000}},
-    {"pod": 1, "outcome": {k: v for k, v in GOOD.items() if k != "message"}},
-    {"pod": 1, "outcome": {**GOOD, "message": ["attacker"]}},
-    {"pod": 1, "outcome": {**GOOD, "evidence": {"x": 1}}},
-    {"pod": 1, "outcome": {**GOOD, "rootCause": "h"}},
-    {"pod": 1, "outcome": {**GOOD, "rootCause": {**GOOD["rootCause"], "rank": "1"}}},
-    {"pod": 1, "outcome": {**GOOD, "rootCause": {**GOOD["rootCause"], "node": 5}}},
-], ids=lambda value: "huge-pod" if value == {"pod": 10 ** 5000, "outcome": GOOD} else json.dumps(value)[:60])
+    None, [], "stop", record_of(1), {"outcome": GOOD},
+    {"nodeRank": 1, "outcome": GOOD}, record_of(1, GOOD, generation="0"), record_of(1, GOOD, generation=True),
+    record_of(1, GOOD, generation=0.0), record_of(1, GOOD, generation=None),
+    {"generation": 0, "outcome": GOOD}, {"generation": 0, "pod": 1, "outcome": GOOD},
+    record_of(True, GOOD), record_of(0, GOOD), record_of(3, GOOD),
+    record_of(-1, GOOD), record_of("1", GOOD), record_of(1.0, GOOD),
+    record_of(HUGE, GOOD),
+    record_of(1, GOOD, node=5), record_of(1, GOOD, node="n" * 300), record_of(1, GOOD, rank="1"),
+    record_of(1, GOOD, localRank=True), record_of(1, GOOD, rank=HUGE), record_of(1, GOOD, exitCode=256),
+    record_of(1, GOOD, exitCode=-1), record_of(1, GOOD, exitCode="3"), record_of(1, GOOD, signal=9),
+    record_of(1, GOOD, error=["attacker"]),
+    record_of(1, "Failed"), record_of(1, {}),
+    record_of(1, {**GOOD, "exitCode": 256}), record_of(1, {**GOOD, "exitCode": -1}),
+    record_of(1, {**GOOD, "exitCode": "3"}), record_of(1, {**GOOD, "exitCode": True}),
+    record_of(1, {**GOOD, "exitCode": 3.0}),
+    record_of(1, {k: v for k, v in GOOD.items() if k != "reason"}),
+    record_of(1, {**GOOD, "reason": 7}), record_of(1, {**GOOD, "reason": ""}),
+    record_of(1, {**GOOD, "reason": "R" * 1000}),
+    record_of(1, {k: v for k, v in GOOD.items() if k != "message"}),
+    record_of(1, {**GOOD, "message": ["attacker"]}),
+    record_of(1, {**GOOD, "evidence": {"x": 1}}),
+    record_of(1, {**GOOD, "rootCause": "h"}),
+    record_of(1, {**GOOD, "rootCause": {**GOOD["rootCause"], "rank": "1"}}),
+    record_of(1, {**GOOD, "rootCause": {**GOOD["rootCause"], "node": 5}}),
+], ids=lambda value: "huge-number" if isinstance(value, dict) and HUGE in value.values() else json.dumps(value)[:80])
 def test_a_malformed_record_is_refused_in_a_few_words_of_our_own(value):
     with pytest.raises(board.BadRecord) as refused:
-        board.check_record(value, range(1, 3))
+        board.check_record(value, range(1, 3), 0)
     said = str(refused.value)
     assert said and len(said) < 120 and "attacker" not in said and "RRRR" not in said
 
@@ -306,7 +341,7 @@ def names_board():
 
 def test_a_flood_of_strangers_costs_one_lookup_and_their_records_are_dropped(names_board):
     loop, served, port, records, lookups, gate = names_board
-    record = json.dumps({"stop": {"pod": 1, "outcome": GOOD}}).encode() + b"\n"
+    record = line_of(record_of(1, GOOD))
     strangers = [send_from(f"127.0.1.{i}", "127.0.0.1", port, record) for i in range(1, 31)]
     loop.until(lambda: served.pending == 30, "every stranger's record, waiting on the first lookup")
     gate.set()
@@ -320,24 +355,32 @@ def test_a_flood_of_strangers_costs_one_lookup_and_their_records_are_dropped(nam
 def test_a_record_from_its_pods_address_is_taken_and_one_naming_another_pod_is_not(names_board):
     loop, served, port, records, lookups, gate = names_board
     gate.set()
-    claim_2 = json.dumps({"stop": {"pod": 2, "outcome": GOOD}}).encode() + b"\n"
+    claim_2 = line_of(record_of(2, GOOD))
     with send_from("127.0.0.2", "127.0.0.1", port, claim_2):
         loop.until(lambda: served.dropped == 1, "pod 1's claim to be pod 2, dropped")
     assert records == []
-    claim_1 = json.dumps({"stop": {"pod": 1, "outcome": GOOD}}).encode() + b"\n"
+    claim_1 = line_of(record_of(1, GOOD))
     with send_from("127.0.0.2", "127.0.0.1", port, claim_1):
         loop.until(lambda: records, "pod 1's own record")
-    assert records[0]["pod"] == 1 and records[0]["outcome"]["exitCode"] == 3
+    assert records[0].node_rank == 1 and records[0].outcome["exitCode"] == 3
 
 
-def test_the_outcomes_pods_post_pass_the_check_unchanged():
+def test_the_records_pods_post_pass_the_check_unchanged():
     from launcher.core.outcome import TRANSIENT, RootCause
 
     hang = Outcome(TRANSIENT, "Hang", "no progress for 600s on h", RootCause(node="h", rank=1),
                    extra={"hang": {"stalledForSeconds": 600, "lastStep": None, "stoppedRanks": [1],
                                    "stacks": {"1": ["train.py:9 in step"]}}, "flightRecorder": ["/tmp/fr-1"]})
-    posted = hang.to_json(frozenset({138}))
-    assert board.check_record({"pod": 2, "outcome": posted}, range(1, 3)) == {"pod": 2, "outcome": posted}
+    failed = Outcome(3, "Failed", "XGBoost worker (task 4) on h2 failed", RootCause("h2", 4, 1, 3),
+                     extra={"error": "ValueError: x"})
+    codes = frozenset({138})
+    for outcome in (hang, failed):
+        record = stops.stop_record(outcome, codes, "h", 2, 0)
+        assert board.check_record(json.loads(record.dumps()), range(1, 3), 0) == record
+        assert record.outcome == outcome.to_json(codes)
+    record = stops.stop_record(failed, codes, "h", 2, 0)
+    assert (record.node, record.node_rank, record.rank, record.local_rank, record.exit_code, record.error) == (
+        "h2", 2, 4, 1, 3, "ValueError: x")
 
 
 def test_a_board_client_ignores_what_a_false_board_sends_and_still_takes_a_good_record():
@@ -349,11 +392,33 @@ def test_a_board_client_ignores_what_a_false_board_sends_and_still_takes_a_good_
                                    lambda: lost.append(True), pods=3)
         connection, _ = server.accept()
         with connection:
-            good = {"stop": {"pod": 2, "outcome": GOOD}}
-            connection.sendall(b"[" * 3000 + b"\n" + b'{"stop":{"pod":9}}\n' + json.dumps(good).encode() + b"\n")
+            stale, good = line_of(record_of(1, ATTACK, generation=1)), line_of(record_of(2, GOOD))
+            connection.sendall(b"[" * 3000 + b"\n" + b'{"stop":{"generation":0,"nodeRank":9}}\n' + stale + good)
             loop.until(lambda: records, "the good record")
         client.close()
-    assert records == [{"pod": 2, "outcome": GOOD}] and not lost
+    assert [record.to_json() for record in records] == [record_of(2, GOOD)] and not lost
+
+
+def test_a_board_refuses_a_stale_generations_record_and_takes_the_first_of_its_own():
+    """A restart's board (generation 1): pod 1's record of the start before is stale; the first
+    record of generation 1 wins, and a later one (pod 2's) changes nothing."""
+    loop, records = Loop(), []
+    port = free_port()
+    served = board.Board(port, False, loop.watch, loop.unwatch, records.append, pods=3,
+                         peers=board.peer_policy("127.0.0.1", 3), generation=1)
+    try:
+        with send_from("127.0.0.2", "127.0.0.1", port, line_of(record_of(1, ATTACK, generation=0))):
+            loop.until(lambda: served.dropped == 1, "the stale record, dropped")
+        assert records == [] and served.record is None
+        with send_from("127.0.0.2", "127.0.0.1", port, line_of(record_of(1, GOOD, generation=1))):
+            loop.until(lambda: records, "generation 1's record")
+        with send_from("127.0.0.3", "127.0.0.1", port, line_of(record_of(2, ATTACK, generation=1))) as late:
+            late.shutdown(socket.SHUT_WR)
+            loop.until(lambda: served.clients == 0, "pod 2's connection read to its end")
+        assert [record.node_rank for record in records] == [1] and served.record == records[0]
+        assert served.record.outcome == GOOD
+    finally:
+        served.close()
 
 
 def test_a_tracker_named_outside_the_controllers_pattern_is_said_once_at_start(tmp_path, out):

@@ -7,8 +7,10 @@ exited through ``os._exit`` mid-round - and every pod that does notice exits wit
 the cause. So pod 0's launcher serves a board on ``DMLC_TRACKER_PORT + 1`` and every other pod's
 launcher keeps one connection to it, once the tracker is up:
 
-- a launcher whose worker (or tracker) failed on its own posts a stop record, its pod's outcome;
-  the first record wins;
+- a launcher whose worker (or tracker) failed on its own posts a stop record: the launcher's one
+  stop record (launcher/runner/report.py, ``StopRecord``) of this start of the job (its
+  ``generation``), naming its pod (``nodeRank``), the worker that failed and its pod's judged
+  ``outcome``; the first record of the generation wins, one of another generation is stale;
 - the board sends that record to every pod, pod 0 included; each stops its workers and exits with
   the record's exit code, naming the same worker;
 - when the job succeeds, pod 0 (the last to finish: its tracker waits for every worker) says
@@ -16,9 +18,10 @@ launcher keeps one connection to it, once the tracker is up:
   gone, and a pod whose workers still run stops them (138, PeerLost);
 - after a failure, pod 0 keeps the board up until every pod has hung up, or ``LINGER`` seconds.
 
-Newline-delimited JSON over TCP. Every socket is non-blocking and served from the supervisor's
-select loop (``Supervisor.watch``); nothing here blocks but a client's connect and its one post.
-A board that cannot listen or be reached costs the job this propagation only, and says so once.
+Newline-delimited JSON over TCP: ``{"stop": <record>}`` and ``{"done": true}``. Every socket is
+non-blocking and served from the supervisor's select loop (``Supervisor.watch``); nothing here
+blocks but a client's connect and its one post. A board that cannot listen or be reached costs
+the job this propagation only, and says so once.
 
 Whom it trusts. The board listens on every address and the XGBoost runtime mounts no Secret, so
 the pods share no token: anything on the pod network can connect. What the pods do share is the
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 
 from launcher.core import log
 from launcher.core.outcome import Outcome
+from launcher.runner.report import TEXT_LIMIT, StopRecord
 
 PORT_OFFSET = 1  # the board listens on the tracker's port + 1
 LINGER = 5.0  # seconds pod 0 keeps the board up after a failure, for the others to read the record
@@ -73,16 +77,30 @@ class BadRecord(ValueError):
 # --- what a record must be -------------------------------------------------------------------------
 
 
-def check_record(value: object, pods: range) -> dict:
-    """``value`` as a stop record may be acted on: ``{"pod": an index in pods, "outcome": ...}``
-    whose outcome :meth:`Outcome.from_json` reads, its free text cut to the limits above.
+def check_record(value: object, pods: range, generation: int) -> StopRecord:
+    """``value`` as a stop record may be acted on: a :class:`StopRecord` of ``generation`` whose
+    ``nodeRank`` is a pod index in ``pods``, whose ``node``, ``rank``, ``localRank``,
+    ``exitCode`` (0-255), ``signal`` and ``error`` have their types, and whose ``outcome``
+    :meth:`Outcome.from_json` reads, its free text cut to the limits above.
 
-    Raises BadRecord, in a few words of our own, for anything else."""
+    Raises BadRecord, in a few words of our own, for anything else: a record of another
+    generation is stale (an earlier start's, or a stranger's)."""
     if not isinstance(value, dict):
         raise BadRecord("a stop record that is not an object")
-    pod = value.get("pod")
-    if type(pod) is not int or pod not in pods:  # type(): True is an int to isinstance
-        raise BadRecord(f"a stop record whose pod is not an integer {_span(pods)}")
+    if type(value.get("generation")) is not int:  # type(): True is an int to isinstance
+        raise BadRecord("a stop record whose generation is not an integer")
+    if value["generation"] != generation:
+        raise BadRecord(f"a stale stop record: of another generation than this job's ({generation})")
+    pod = value.get("nodeRank")
+    if type(pod) is not int or pod not in pods:
+        raise BadRecord(f"a stop record whose nodeRank is not an integer {_span(pods)}")
+    if not _is_root_cause(value):
+        raise BadRecord("a stop record whose node, rank, localRank, exitCode or signal is not one")
+    code, error = value.get("exitCode"), value.get("error")
+    if code is not None and not 0 <= code <= 255:
+        raise BadRecord("a stop record whose exitCode is not an integer 0-255")
+    if error is not None and not isinstance(error, str):
+        raise BadRecord("a stop record whose error is not a string")
     outcome = value.get("outcome")
     if not isinstance(outcome, dict):
         raise BadRecord("a stop record without an outcome object")
@@ -107,7 +125,17 @@ def check_record(value: object, pods: range) -> dict:
     if outcome.get("evidence") is not None:
         clean["evidence"] = _cut(outcome["evidence"], EVIDENCE_LIMIT)
     Outcome.from_json(clean)  # what every pod does with it: checked above, proven here
-    return {"pod": pod, "outcome": clean}
+    return StopRecord(
+        generation=generation,
+        node=value.get("node"),
+        node_rank=pod,
+        rank=value.get("rank"),
+        local_rank=value.get("localRank"),
+        exit_code=value.get("exitCode"),
+        signal=value.get("signal"),
+        error=None if error is None else _cut(error, TEXT_LIMIT),
+        outcome=clean,
+    )
 
 
 def _span(pods: range) -> str:
@@ -340,19 +368,21 @@ class Board:
         ipv6: bool,
         watch: Watch,
         unwatch: Unwatch,
-        on_record: Callable[[dict], None],
+        on_record: Callable[[StopRecord], None],
         pods: int,
         peers: Peers,
         resolve: Resolve = resolve_name,
         refresh: float = REFRESH,
+        generation: int = 0,
     ):
-        self.record: dict | None = None
+        self.record: StopRecord | None = None
+        self.generation = generation  # the start of the job whose records it takes
         self.done = False
         self.dropped = 0  # lines, records and connections refused
         self._watch, self._unwatch, self._on_record = watch, unwatch, on_record
         self._pods, self._peers = pods, peers
         self._clients: dict[int, _Client] = {}
-        self._pending: list[tuple[str, dict, int]] = []  # address, record, lookups completed when it came
+        self._pending: list[tuple[str, StopRecord, int]] = []  # address, record, lookups completed when it came
         self._warned: set[str] = set()
         family = socket.AF_INET6 if ipv6 else socket.AF_INET
         self._server = socket.socket(family, socket.SOCK_STREAM)
@@ -381,11 +411,11 @@ class Board:
     def pending(self) -> int:
         return len(self._pending)
 
-    def post(self, record: dict) -> None:
+    def post(self, record: StopRecord) -> None:
         """Our own pod's record: every other pod gets it (unless one was posted first)."""
         if self.record is None:
             self.record = record
-            self._broadcast({"stop": record}, trusted_only=True)
+            self._broadcast({"stop": record.to_json()}, trusted_only=True)
 
     def finish(self) -> None:
         """The job succeeded here: tell every connection the board closes on purpose (a pod whose
@@ -419,7 +449,7 @@ class Board:
         if not client.trusted:
             self._names().request()
         elif self.record is not None:
-            _send(connection, {"stop": self.record})
+            _send(connection, {"stop": self.record.to_json()})
         if self.done:
             _send(connection, {"done": True})
 
@@ -439,15 +469,16 @@ class Board:
             self._refuse(client.address, problem)
         for message in messages:
             try:
-                record = check_record(message.get("stop"), range(1, self._pods))  # pod 0 posts through post()
+                # pod 0 posts through post()
+                record = check_record(message.get("stop"), range(1, self._pods), self.generation)
             except BadRecord as bad:
                 self._refuse(client.address, str(bad))
                 continue
             self._consider(client.address, record)
 
-    def _consider(self, address: str, record: dict) -> None:
+    def _consider(self, address: str, record: StopRecord) -> None:
         if self.record is not None:
-            return  # the first record won
+            return  # the first record of the generation won
         pods: range | frozenset[int] | None
         if self._lookups is None:
             pods = range(self._pods)
@@ -458,11 +489,13 @@ class Board:
             self._pending.append((address, record, self._lookups.completed))
             self._lookups.request()
             return
-        if record["pod"] not in pods:
-            self._refuse(address, f"a record naming pod {record['pod']}, whose name does not resolve to this address")
+        if record.node_rank not in pods:
+            self._refuse(
+                address, f"a record naming pod {record.node_rank}, whose name does not resolve to this address"
+            )
             return
         self.record = record
-        self._broadcast({"stop": record}, trusted_only=True)
+        self._broadcast({"stop": record.to_json()}, trusted_only=True)
         if any(not client.trusted for client in self._clients.values()):
             self._names().request()  # a pod whose name did not resolve yet gets it once it does
         self._on_record(record)
@@ -479,7 +512,7 @@ class Board:
         for fd, client in list(self._clients.items()):
             if not client.trusted and client.address in addresses:
                 client.trusted = True
-                if self.record is not None and not _send(client.connection, {"stop": self.record}):
+                if self.record is not None and not _send(client.connection, {"stop": self.record.to_json()}):
                     self._drop(fd)
         waiting, self._pending = self._pending, []
         for address, record, asked in waiting:
@@ -522,11 +555,13 @@ class BoardClient:
         port: int,
         watch: Watch,
         unwatch: Unwatch,
-        on_record: Callable[[dict], None],
+        on_record: Callable[[StopRecord], None],
         on_lost: Callable[[], None],
         pods: int,
+        generation: int = 0,
     ):
-        self.record: dict | None = None
+        self.record: StopRecord | None = None
+        self.generation = generation
         self.done = False
         self._unwatch, self._on_record, self._on_lost = unwatch, on_record, on_lost
         self._pods, self._where, self._warned = pods, f"{host}:{port}", False
@@ -536,9 +571,9 @@ class BoardClient:
         self._fd = self._connection.fileno()
         watch(self._fd, self._read)
 
-    def post(self, record: dict) -> None:
+    def post(self, record: StopRecord) -> None:
         if self._fd != -1:
-            _send(self._connection, {"stop": record})
+            _send(self._connection, {"stop": record.to_json()})
 
     def close(self) -> None:
         if self._fd != -1:
@@ -566,7 +601,7 @@ class BoardClient:
                 self.done = True
             elif self.record is None:
                 try:
-                    record = check_record(message.get("stop"), range(self._pods))
+                    record = check_record(message.get("stop"), range(self._pods), self.generation)
                 except BadRecord as bad:
                     self._refuse(str(bad))
                     continue

@@ -1,6 +1,7 @@
-"""What one XGBoost pod tells the others: the job's one stop record, through pod 0's board
-(launcher/xgboost/board.py). A pod whose worker or tracker failed on its own posts its outcome;
-every other pod stops its workers and reports that outcome, naming the same worker (PeerFailed)."""
+"""What one XGBoost pod tells the others: the job's one stop record (launcher/runner/report.py),
+through pod 0's board (launcher/xgboost/board.py). A pod whose worker or tracker failed on its own
+posts a record of its outcome; every other pod stops its workers and reports that outcome, naming
+the same worker (PeerFailed)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from launcher.runner.report import StopRecord
 from launcher.xgboost import board as board_module
 
 if TYPE_CHECKING:
@@ -19,17 +21,40 @@ if TYPE_CHECKING:
 # A pod whose workers only lost a peer: how long it waits for the board to name the root cause.
 PEER_WAIT = 2.0
 SERVE_STEP = 0.2
+# The start of the job a stop record ends. An XGBoost job starts once (no restart in place), so
+# every record is of generation 0; a restart would pass the next to Stops.
+FIRST_GENERATION = 0
+
+
+def stop_record(outcome: Outcome, codes: frozenset[int], node: str, pod_index: int, generation: int) -> StopRecord:
+    """The stop record of a pod's failure: its index and node, the worker that failed (from the
+    outcome's root cause) with its error, and the outcome as the other pods will report it."""
+    root = outcome.root_cause
+    error = outcome.extra.get("error")
+    return StopRecord(
+        generation=generation,
+        node=(root.node if root is not None else None) or node,
+        node_rank=pod_index,
+        rank=root.rank if root is not None else None,
+        local_rank=root.local_rank if root is not None else None,
+        exit_code=root.exit_code if root is not None else None,
+        signal=root.signal if root is not None else None,
+        error=error if isinstance(error, str) else None,
+        outcome=outcome.to_json(codes),
+    )
 
 
 class Stops:
     """This pod's side of the board: pod 0 holds it, the others are its clients."""
 
-    def __init__(self, supervisor: Supervisor, plan: XGBoostPlan, codes: frozenset[int]):
-        self.supervisor, self.plan, self.codes = supervisor, plan, codes
+    def __init__(
+        self, supervisor: Supervisor, plan: XGBoostPlan, codes: frozenset[int], generation: int = FIRST_GENERATION
+    ):
+        self.supervisor, self.plan, self.codes, self.generation = supervisor, plan, codes, generation
         self.board: board_module.Board | None = None  # pod 0
         self.client: board_module.BoardClient | None = None  # every other pod
         self.posted = False  # this pod's failure went to the board
-        self.adopted: dict | None = None  # another pod's stop record
+        self.adopted: StopRecord | None = None  # another pod's stop record
         self.pod_0_lost = False
 
     @property
@@ -52,6 +77,7 @@ class Stops:
                 self._on_record,
                 self.plan.pods,
                 peers,
+                generation=self.generation,
             )
         except (OSError, OverflowError) as error:
             log.warning(
@@ -81,6 +107,7 @@ class Stops:
                 self._on_record,
                 self._on_lost,
                 self.plan.pods,
+                generation=self.generation,
             )
         except (OSError, OverflowError) as error:
             log.warning(
@@ -94,8 +121,8 @@ class Stops:
             if side is not None:
                 side.close()
 
-    def _on_record(self, record: dict) -> None:
-        if record.get("pod") != self.plan.pod_index and self.adopted is None:
+    def _on_record(self, record: StopRecord) -> None:
+        if record.node_rank != self.plan.pod_index and self.adopted is None:
             self.adopted = record
             self.supervisor.begin_teardown()
 
@@ -113,7 +140,7 @@ class Stops:
             return
         if outcome.exit_code == 0 or outcome.reason in (Reasons.PEER_LOST, Reasons.TERMINATED):
             return
-        record = {"pod": self.plan.pod_index, "outcome": outcome.to_json(self.codes)}
+        record = stop_record(outcome, self.codes, self.plan.node, self.plan.pod_index, self.generation)
         self.posted = True
         if self.board is not None:
             self.board.post(record)
@@ -134,9 +161,10 @@ class Stops:
                 self._serve_for(board_module.LINGER, lambda: board.clients == 0)
         elif self.client is not None and own.reason == Reasons.PEER_LOST and self.adopted is None:
             self._serve_for(PEER_WAIT, lambda: self.adopted is not None or self.pod_0_lost)
-        if self.adopted is not None:  # board.check_record vouched for its shape, and its pod's address
-            root = Outcome.from_json(self.adopted["outcome"])
-            return stopped_by(replace(root, message=f"{root.message} (reported by pod {self.adopted['pod']})"), node)
+        adopted = self.adopted
+        if adopted is not None and adopted.outcome is not None:  # board.check_record vouched for it
+            root = Outcome.from_json(adopted.outcome)  # and for its pod's address
+            return stopped_by(replace(root, message=f"{root.message} (reported by pod {adopted.node_rank})"), node)
         if self.pod_0_lost:
             return Outcome.of(
                 Reasons.PEER_LOST,
