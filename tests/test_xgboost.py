@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -176,6 +177,24 @@ def test_a_tracker_that_never_comes_up_ends_the_pod_with_138_naming_it(tmp_path,
     assert (message["reason"], message["retryable"]) == ("RendezvousTimeout", True)
     assert "XGBoost tracker" in message["message"] and f"127.0.0.1:{port}" in message["message"]
     assert not [p.pid for p in started if alive(p.pid)]  # its early-started worker went with it
+
+
+def test_a_worker_that_cannot_join_the_tracker_exits_138_reporting_a_lost_peer(tmp_path, out):
+    """The runner by hand, its tracker gone (it went away after the launcher saw it listen): it
+    never runs the program, exits 138 (transient) and reports a lost peer naming its task, so its
+    launcher waits for the board to name the root cause instead of taking this for one."""
+    from launcher.runner import report as records
+
+    report = tmp_path / "report.json"
+    variables = pod_env(out, 1, 2, free_port())  # nothing listens there
+    result = subprocess.run([sys.executable, str(REPO / "launcher" / "xgboost" / "run.py"), "--report", str(report),
+                             "-c", "print('the program ran')"], cwd=tmp_path, env=variables, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 138, result.stderr
+    assert "the program ran" not in result.stdout
+    got = records.Report.read(str(report))
+    assert got is not None and (got.ending, got.exit_code, got.rank) == ("peerLost", 138, 1), report.read_text()
+    assert got.error is not None and got.error.startswith("could not join the tracker: ")
 
 
 def test_workers_that_never_all_join_end_the_tracker_pod_with_138(tmp_path, out):
