@@ -16,9 +16,9 @@ through this file, so a program ends the same under any of them as under ``pytho
   1, a KeyboardInterrupt kills the process with SIGINT after the exit handlers, as python does
   (130 to a shell). A script that cannot be opened and a module that cannot be found are python's
   one line, exit 2 and 1;
-- around it: siblings loaded by path (:func:`load_sibling`), a report written atomically
-  (:func:`write_report`), leaving at once without exit handlers (:func:`leave`), the stack dump
-  registered late (:func:`register_stacks`).
+- around it: siblings loaded by path (:func:`load_sibling`; the report to the launcher is
+  report.py's, :func:`records`), leaving at once without exit handlers (:func:`leave`), the stack
+  dump registered late (:func:`register_stacks`).
 
 ``python program.py [--] SCRIPT|-m MODULE|-c CODE|- [ARGS...]`` runs a program through it alone:
 the thin runner the tests hold side by side with python.
@@ -35,7 +35,6 @@ import contextlib
 import importlib.machinery
 import importlib.util
 import io
-import json
 import os
 import runpy
 import signal
@@ -286,21 +285,6 @@ def _print_to_stderr(what: object) -> None:
 
 
 # --- leaving --------------------------------------------------------------------------------------
-
-
-def write_report(path: str | None, record: dict) -> bool:
-    """Write ``record`` as JSON to ``path`` for the launcher: complete or absent, never half (written
-    beside it, then renamed). False when it could not be written: the launcher then judges from
-    the exit status alone."""
-    if not path:
-        return False
-    try:
-        with open(f"{path}.tmp", "w") as handle:
-            json.dump(record, handle)
-        os.replace(f"{path}.tmp", path)
-    except OSError:
-        return False
-    return True
 
 
 def leave(status: int, interrupted: bool = False) -> NoReturn:

@@ -43,7 +43,6 @@ already; run by hand, a bad value is one line and exit 2).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -64,13 +63,11 @@ _TIME_STAMP = re.compile(r"^\[\d\d:\d\d:\d\d\]\s*")
 # exactly as python would, and loads the launcher's other stdlib-only files the same way.
 if TYPE_CHECKING:  # the same file, as a type checker finds it
     from launcher.runner import program
-else:
-    _spec = importlib.util.spec_from_file_location(
-        "_trainer_launcher_program",
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner", "program.py"),
-    )
-    program = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(program)
+else:  # through the one loader beside it (launcher/runner/_trainer_launcher_load.py)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner"))
+    from _trainer_launcher_load import program
+
+    del sys.path[0]
 
 
 # The report every runner gives its launcher (launcher/runner/report.py).
