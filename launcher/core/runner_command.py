@@ -12,6 +12,20 @@ from types import ModuleType
 
 from launcher.core.knobs import Knob, Override, given
 
+PLACEHOLDER = ("python", "SCRIPT")  # the program a plan shows when none was given
+
+
+def program_words(name: str, rest: list[str], require_program: bool) -> list[str]:
+    """The program after ``--``; none is one ConfigError line, or the placeholder for ``plan``."""
+    if rest:
+        return rest
+    if require_program:
+        from launcher.core.outcome import ConfigError
+
+        usage = f"trainer-launcher {name} [OPTIONS] -- PROGRAM [ARGS...], e.g. -- python train.py"
+        raise ConfigError("PROGRAM", None, f"a program after --: {usage}")
+    return list(PLACEHOLDER)
+
 
 class RunnerCommand:
     """``run``, ``plan`` and ``local`` of the framework ``name`` whose knobs are ``knobs``."""
@@ -40,13 +54,4 @@ class RunnerCommand:
         return print_plan(overrides, build)
 
     def local(self, args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
-        return self._module("local").run_local(
-            overrides,
-            self._given(args),
-            rest,
-            args.nnodes,
-            args.nproc_per_node,
-            args.trainjob,
-            args.master_port,
-            args.isolation,
-        )
+        return self._module("local").run_local(overrides, self._given(args), rest, args)

@@ -276,6 +276,56 @@ def source_of(model: type[Settings], name: str, overrides: dict[str, Override] |
     return None
 
 
+def sources(model: type[Settings], overrides: dict[str, Override] | None = None) -> dict[str, str]:
+    """Each field of ``model`` that a flag or variable supplied -> which (for the plan's printout)."""
+    return {name: source for name in model.model_fields if (source := source_of(model, name, overrides))}
+
+
+def check_member(
+    model: type[Settings],
+    loaded: Settings,
+    index: str,
+    count: str,
+    what: str,
+    overrides: dict[str, Override] | None = None,
+) -> None:
+    """One pod's place among the job's (fields ``index`` below ``count``), else the one
+    ConfigError line naming the variable or flag that set ``index``, expecting ``what`` in range."""
+    size = getattr(loaded, count)
+    if getattr(loaded, index) < size:
+        return
+    source = source_of(model, index, overrides) or _env_names(model, index)[0]
+    expected = f"{what} from 0 to {size - 1} ({_env_names(model, count)[0]}={size})"
+    raise ConfigError(source, raw_value(model, index, overrides), expected)
+
+
+def load_member(
+    model: type[Settings],
+    overrides: dict[str, Override] | None,
+    place: tuple[str, str, str],
+    address: tuple[str, str],
+) -> Any:
+    """``model`` loaded for one member of a job of several (a pod's process or worker): ``place``
+    is (index field, count field, what the index is), checked with :func:`check_member`;
+    ``address`` is (the field of where the members meet, what to set), required with
+    :func:`require_when_several`."""
+    loaded = load(model, overrides)
+    index, count, what = place
+    check_member(model, loaded, index, count, what, overrides)
+    require_when_several(model, loaded, address[0], count, address[1])
+    return loaded
+
+
+def require_when_several(model: type[Settings], loaded: Settings, name: str, count: str, expected: str) -> None:
+    """Field ``name`` must be set when the job has more than one member (``count``), else the one
+    ConfigError line: ``expected`` says what to set ("{when}" where the count's variable and value
+    go)."""
+    size = getattr(loaded, count)
+    if size > 1 and getattr(loaded, name) is None:
+        when = f"when {_env_names(model, count)[0]}={size}"
+        raise ConfigError(_env_names(model, name)[0], None, expected.format(when=when))
+
+
 def raw_value(model: type[Settings], name: str, overrides: dict[str, Override] | None = None) -> Any:
     if overrides and name in overrides:
         return overrides[name].value

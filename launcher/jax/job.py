@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from launcher.jax.plan import JaxPlan
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py")
-PLACEHOLDER = ("python", "SCRIPT")
 PROBE_CAP = 0.25  # seconds between looks at the coordinator; a few per second per pod
 _OFF = ("0", "false", "no", "off")
 # What JAX prints before it aborts a process (SIGABRT) whose coordination service reported an error:
@@ -132,7 +131,7 @@ def make_plan(
     """Validate JAX_* and the launcher's knobs, read the host, plan."""
     from launcher.core import settings, versions
     from launcher.core.devices import probe_host
-    from launcher.core.outcome import ConfigError
+    from launcher.core.runner_command import program_words
     from launcher.core.settings import HostEnv
     from launcher.jax.plan import JaxFacts, plan_jax
     from launcher.jax.settings import JaxSettings, load_jax
@@ -140,20 +139,9 @@ def make_plan(
     # This interpreter's Python; the runner checks the program's jax where it runs.
     versions.check("python", allow=launcher.allow_untested_versions)
     jax = load_jax(jax_overrides)
-    if not rest:
-        if require_program:
-            raise ConfigError(
-                "PROGRAM",
-                None,
-                "a program after --: trainer-launcher jax [OPTIONS] -- PROGRAM [ARGS...], e.g. -- python train.py",
-            )
-        rest = list(PLACEHOLDER)
+    rest = program_words("jax", rest, require_program)
     host = probe_host(settings.load(HostEnv))
-    sources = {
-        name: source
-        for name in JaxSettings.model_fields
-        if (source := settings.source_of(JaxSettings, name, jax_overrides))
-    }
+    sources = settings.sources(JaxSettings, jax_overrides)
     facts = JaxFacts(
         hostname=host.hostname, gpu_count=host.gpu_count, runner=RUNNER, rendezvous_timeout=launcher.rendezvous_timeout
     )

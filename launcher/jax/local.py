@@ -4,9 +4,11 @@ JOB_COMPLETION_INDEX, HOSTNAME)."""
 
 from __future__ import annotations
 
+import argparse
+import functools
+
 from launcher.core.outcome import ConfigError
-from launcher.core.settings import Override
-from launcher.local.nodes import Pods, pods, port, run_framework_pods
+from launcher.local.nodes import Pods, port, run_framework_pods
 
 # The controller owns these; a caller's own would otherwise leak into every pod.
 CONTROLLER_VARIABLES = ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS")
@@ -25,25 +27,16 @@ def node_env(job: Pods, index: int, coordinator_port: int, base: dict[str, str])
     return env
 
 
-def run_local(
-    launcher_overrides: dict[str, Override],
-    jax_overrides: dict[str, Override],
-    rest: list[str],
-    nnodes: str,
-    nproc_per_node: str,
-    trainjob: str,
-    master_port: str | None,
-    isolation: str,
-) -> int:
-    def setup(job: Pods):
-        if nproc_per_node.strip() != "1":
-            raise ConfigError(
-                "--nproc-per-node", nproc_per_node, "1: a JAX pod runs one process, which uses every device of its pod"
-            )
-        coordinator_port = port(master_port)
-        summary = f"{job.nnodes} JAX processes, one per node, coordinator {job.address(0)}:{coordinator_port}"
-        return (lambda index, base: node_env(job, index, coordinator_port, base)), summary
+def setup(job: Pods, args: argparse.Namespace):
+    """One JAX process a pod, and the coordinator's port (``local``'s --master-port, else free)."""
+    if args.nproc_per_node.strip() != "1":
+        raise ConfigError(
+            "--nproc-per-node", args.nproc_per_node, "1: a JAX pod runs one process, which uses every device of its pod"
+        )
+    coordinator_port = port(args.master_port)
+    summary = f"{job.nnodes} JAX processes, one per node, coordinator {job.address(0)}:{coordinator_port}"
+    return (lambda index, base: node_env(job, index, coordinator_port, base)), summary
 
-    return run_framework_pods(
-        "jax", launcher_overrides, jax_overrides, rest, lambda: pods(nnodes, trainjob, isolation), setup
-    )
+
+# What RunnerCommand.local calls: (launcher overrides, jax overrides, the program, local's arguments).
+run_local = functools.partial(run_framework_pods, "jax", setup=setup)

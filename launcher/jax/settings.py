@@ -15,7 +15,6 @@ from pydantic_settings import NoDecode
 
 from launcher.core import settings
 from launcher.core.knobs import Override
-from launcher.core.outcome import ConfigError
 from launcher.core.settings import (
     Invalid,
     Settings,
@@ -74,19 +73,7 @@ class JaxSettings(Settings):
 
 def load_jax(overrides: dict[str, Override] | None = None) -> JaxSettings:
     """JaxSettings, with the checks that span two variables, each still one ConfigError line."""
-    jax = settings.load(JaxSettings, overrides)
-    if jax.process_id >= jax.num_processes:
-        source = settings.source_of(JaxSettings, "process_id", overrides) or "JAX_PROCESS_ID"
-        raise ConfigError(
-            source,
-            settings.raw_value(JaxSettings, "process_id", overrides),
-            f"a process id from 0 to {jax.num_processes - 1} (JAX_NUM_PROCESSES={jax.num_processes})",
-        )
-    if jax.num_processes > 1 and jax.coordinator is None:
-        raise ConfigError(
-            "JAX_COORDINATOR_ADDRESS",
-            None,
-            f"HOST:PORT of process 0's coordinator when JAX_NUM_PROCESSES={jax.num_processes} "
-            "(Trainer sets <trainjob>-node-0-0.<trainjob>:29500)",
-        )
-    return jax
+    expected = "HOST:PORT of process 0's coordinator {when} (Trainer sets <trainjob>-node-0-0.<trainjob>:29500)"
+    return settings.load_member(
+        JaxSettings, overrides, ("process_id", "num_processes", "a process id"), ("coordinator", expected)
+    )

@@ -9,6 +9,7 @@ that environment are the very names the controller injects. Elsewhere they are 1
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -169,7 +170,9 @@ def knob_args(overrides: dict[str, Override]) -> list[str]:
 
 # How a framework's pod is set up once the pods are known: its environment for pod i (given the
 # caller's), and the job's one-line summary.
-PodSetup = Callable[[Pods], tuple[Callable[[int, dict[str, str]], dict[str, str]], str]]
+# A framework's part of ``local``: from the pods and ``local``'s arguments (its own flags validated
+# there), each pod's environment (what the controller injects) and the job's summary.
+PodSetup = Callable[[Pods, argparse.Namespace], tuple[Callable[[int, dict[str, str]], dict[str, str]], str]]
 
 
 def run_framework_pods(
@@ -177,17 +180,17 @@ def run_framework_pods(
     launcher_overrides: dict[str, Override],
     framework_overrides: dict[str, Override],
     rest: list[str],
-    pods_of: Callable[[], Pods],
+    args: argparse.Namespace,
     setup: PodSetup,
 ) -> int:
     """``local`` for a framework whose every pod runs ``trainer-launcher FRAMEWORK -- PROGRAM``
-    with the options given: ``setup`` validates the framework's own flags and says each pod's
-    environment (what the controller injects) and the summary."""
+    with the options given (``args``: ``local``'s own): ``setup`` validates the framework's own
+    flags and says each pod's environment (what the controller injects) and the summary."""
     from launcher.core.report import run_command
 
     def body(launcher: LauncherSettings) -> Outcome:
-        job = pods_of()
-        env_of, summary = setup(job)
+        job = pods(args.nnodes, args.trainjob, args.isolation)
+        env_of, summary = setup(job, args)
         if not rest:
             raise ConfigError(
                 "PROGRAM",

@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 RUNNER = os.path.abspath(runner_module.__file__)
 TRACKER = os.path.abspath(tracker_module.__file__)
-PLACEHOLDER = ("python", "SCRIPT")
 # How often another pod knocks on the tracker's port while it is not up yet, at most. Every job's
 # start waits on it, and netwait's backoff (up to 2 s) would add most of a step to each start; a
 # refused connection costs the tracker's host one reset, and the knocking stops once it listens.
@@ -58,7 +57,7 @@ def make_plan(
     """Read and validate DMLC_* and the knobs, read the host, plan this pod."""
     from launcher.core import settings, versions
     from launcher.core.devices import probe_host
-    from launcher.core.outcome import ConfigError
+    from launcher.core.runner_command import program_words
     from launcher.core.settings import HostEnv
     from launcher.xgboost.plan import XGBoostFacts, plan_xgboost
     from launcher.xgboost.settings import XGBoostSettings, load_xgboost
@@ -66,14 +65,7 @@ def make_plan(
     # This interpreter's Python; the runners check the program's xgboost where it runs.
     versions.check("python", allow=launcher.allow_untested_versions)
     xgboost = load_xgboost(xgboost_overrides)
-    if not rest:
-        if require_program:
-            raise ConfigError(
-                "PROGRAM",
-                None,
-                "a program after the options: trainer-launcher xgboost [OPTIONS] -- python train.py [ARGS...]",
-            )
-        rest = list(PLACEHOLDER)
+    rest = program_words("xgboost", rest, require_program)
     host_env = settings.load(HostEnv)
     host = probe_host(host_env)
     facts = XGBoostFacts(
@@ -86,11 +78,7 @@ def make_plan(
         runner=RUNNER,
         tracker_script=TRACKER,
     )
-    sources = {
-        name: source
-        for name in XGBoostSettings.model_fields
-        if (source := settings.source_of(XGBoostSettings, name, xgboost_overrides))
-    }
+    sources = settings.sources(XGBoostSettings, xgboost_overrides)
     return plan_xgboost(xgboost, facts, tuple(rest), sources)
 
 

@@ -9,10 +9,12 @@ per-GPU task ids run for real on CPU.
 
 from __future__ import annotations
 
+import argparse
+import functools
+
 from launcher.core import settings
 from launcher.core.outcome import ConfigError
-from launcher.core.settings import Override
-from launcher.local.nodes import Pods, pods, port, run_framework_pods
+from launcher.local.nodes import Pods, port, run_framework_pods
 from launcher.xgboost import board
 from launcher.xgboost.knobs import XGBOOST_KNOBS
 
@@ -43,30 +45,20 @@ def tracker_port_for(master_port: str | None) -> int:
     return port(master_port, span=1 + board.PORT_OFFSET)
 
 
-def run_local(
-    launcher_overrides: dict[str, Override],
-    xgboost_overrides: dict[str, Override],
-    rest: list[str],
-    nnodes: str,
-    nproc_per_node: str,
-    trainjob: str,
-    master_port: str | None,
-    isolation: str,
-) -> int:
-    def setup(job: Pods):
-        try:
-            per_pod = settings.int_in(1, MAX_PER_POD, "a worker count")(nproc_per_node)
-        except ValueError as error:
-            raise ConfigError(
-                "--nproc-per-node", nproc_per_node, f"{error}: the GPUs each emulated pod stands for (1: a CPU pod)"
-            ) from None
-        tracker_port = tracker_port_for(master_port)
-        summary = (
-            f"{job.nnodes} pods x {per_pod} XGBoost worker(s), tracker {job.address(0)}:{tracker_port} "
-            "(DMLC_TRACKER_URI)"
-        )
-        return (lambda index, base: node_env(job, index, per_pod, tracker_port, base)), summary
-
-    return run_framework_pods(
-        "xgboost", launcher_overrides, xgboost_overrides, rest, lambda: pods(nnodes, trainjob, isolation), setup
+def setup(job: Pods, args: argparse.Namespace):
+    """Workers a pod (``local``'s --nproc-per-node: the GPUs a pod stands for) and the tracker's port."""
+    try:
+        per_pod = settings.int_in(1, MAX_PER_POD, "a worker count")(args.nproc_per_node)
+    except ValueError as error:
+        raise ConfigError(
+            "--nproc-per-node", args.nproc_per_node, f"{error}: the GPUs each emulated pod stands for (1: a CPU pod)"
+        ) from None
+    tracker_port = tracker_port_for(args.master_port)
+    summary = (
+        f"{job.nnodes} pods x {per_pod} XGBoost worker(s), tracker {job.address(0)}:{tracker_port} (DMLC_TRACKER_URI)"
     )
+    return (lambda index, base: node_env(job, index, per_pod, tracker_port, base)), summary
+
+
+# What RunnerCommand.local calls: (launcher overrides, xgboost overrides, the program, local's arguments).
+run_local = functools.partial(run_framework_pods, "xgboost", setup=setup)

@@ -14,7 +14,6 @@ from pydantic_settings import NoDecode
 
 from launcher.core import settings
 from launcher.core.knobs import Override
-from launcher.core.outcome import ConfigError
 from launcher.core.settings import Invalid, Settings, field, int_in, knob_field, parse_choice, parse_host, parsed
 from launcher.xgboost.knobs import XGBOOST_KNOBS
 
@@ -71,19 +70,7 @@ class XGBoostSettings(Settings):
 
 def load_xgboost(overrides: dict[str, Override] | None = None) -> XGBoostSettings:
     """XGBoostSettings, with the checks that span two variables, each still one ConfigError line."""
-    xgboost = settings.load(XGBoostSettings, overrides)
-    if xgboost.task_id >= xgboost.num_worker:
-        source = settings.source_of(XGBoostSettings, "task_id", overrides) or "DMLC_TASK_ID"
-        raise ConfigError(
-            source,
-            settings.raw_value(XGBoostSettings, "task_id", overrides),
-            f"a pod index from 0 to {xgboost.num_worker - 1} (DMLC_NUM_WORKER={xgboost.num_worker})",
-        )
-    if xgboost.num_worker > 1 and xgboost.tracker_uri is None:
-        raise ConfigError(
-            "DMLC_TRACKER_URI",
-            None,
-            f"the tracker's DNS name when DMLC_NUM_WORKER={xgboost.num_worker} "
-            "(Trainer sets <trainjob>-node-0-0.<trainjob>)",
-        )
-    return xgboost
+    expected = "the tracker's DNS name {when} (Trainer sets <trainjob>-node-0-0.<trainjob>)"
+    return settings.load_member(
+        XGBoostSettings, overrides, ("task_id", "num_worker", "a pod index"), ("tracker_uri", expected)
+    )
