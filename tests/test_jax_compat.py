@@ -29,9 +29,9 @@ compat = runner.compat
 
 @pytest.fixture(autouse=True)
 def fresh_said():
-    compat._said.clear()
+    compat.notes.said.clear()
     yield
-    compat._said.clear()
+    compat.notes.said.clear()
 
 
 def jax_env(**extra: str) -> dict[str, str]:
@@ -165,7 +165,7 @@ def test_a_client_missing_a_method_turns_stop_records_off_once(monkeypatch, caps
     monkeypatch.setattr(distributed.global_state, "client", OldClient())
     assert compat.coordination_store() is None and compat.coordination_store() is None
     (line,) = capsys.readouterr().err.splitlines()
-    assert line == (f"trainer-launcher: jax {compat.jax_version()}: stop records (every pod naming the process "
+    assert line == (f"trainer-launcher: jax {compat.versions.running('jax')}: stop records (every pod naming the process "
                     "that failed first) is off: jax's coordination client has no wait_at_barrier; each process "
                     "exits with its own code and names itself")
 

@@ -170,7 +170,7 @@ def _runtime_imports(path: Path) -> list[tuple[int, str]]:
 
     def walk(body: list[ast.stmt]):
         for node in body:
-            if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "__package__"):
+            if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "__package__", "TYPE_CHECKING or __package__"):
                 yield from walk(node.orelse)
             elif isinstance(node, (ast.If, ast.Try)):
                 for block in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])):

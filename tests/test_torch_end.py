@@ -217,7 +217,7 @@ def test_without_a_rendezvous_to_wrap_keeping_the_store_is_off_said_once(monkeyp
     from launcher.torch import compat
 
     monkeypatch.delattr(SimpleElasticAgent, "_rendezvous")
-    monkeypatch.setattr(compat, "_said", set())
+    monkeypatch.setattr(compat.notes, "said", set())
     assert compat.keep_rendezvous_store([].append) is False
     assert compat.keep_rendezvous_store([].append) is False
     off = [line for line in capfd.readouterr().err.splitlines() if "is off" in line]

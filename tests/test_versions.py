@@ -110,7 +110,7 @@ def test_without_a_popen_to_wrap_binding_is_off_said_once_and_ranks_are_found_as
     from launcher.torch import compat
 
     monkeypatch.delattr(module, "Popen")
-    monkeypatch.setattr(compat, "_said", set())
+    monkeypatch.setattr(compat.notes, "said", set())
     assert compat.bind_workers([], lambda: None) is False
     assert compat.bind_workers([], lambda: None) is False
     off = [line for line in capfd.readouterr().err.splitlines() if "is off" in line]
@@ -131,7 +131,7 @@ def test_a_close_without_a_timeout_leaves_the_grace_off_said_once(monkeypatch, c
     from launcher.torch import compat
 
     monkeypatch.setattr(PContext, "close", lambda self, death_sig=None: None)
-    monkeypatch.setattr(compat, "_said", set())
+    monkeypatch.setattr(compat.notes, "said", set())
     assert compat.stop_within_grace(5) is False
     err = capfd.readouterr().err
     assert "the grace period for ranks ignoring SIGTERM is off" in err and "30 s" in err

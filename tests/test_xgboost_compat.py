@@ -32,9 +32,9 @@ compat = runner.compat
 
 @pytest.fixture(autouse=True)
 def fresh_said():
-    compat._said.clear()
+    compat.notes.said.clear()
     yield
-    compat._said.clear()
+    compat.notes.said.clear()
 
 
 # --- the version gate, in the runner ---------------------------------------------------------------

@@ -78,6 +78,32 @@ def installed(package: str) -> str | None:
     return None
 
 
+def running(package: str) -> str:
+    """The version of ``package`` this process runs: the imported module's own, else the
+    installed distribution's, else "unknown"."""
+    version = getattr(sys.modules.get(package), "__version__", None)
+    return str(version) if version else installed(package) or "unknown"
+
+
+class FeatureNotes:
+    """Which features of the launcher are off on the installed version of a framework's library,
+    each said once, on stderr: "trainer-launcher: jax 0.5.3: stop records ... is off: why"."""
+
+    def __init__(self, package: str):
+        self.package = package
+        self.said: set[str] = set()
+
+    def off(self, feature: str, why: str) -> None:
+        if feature in self.said:
+            return
+        self.said.add(feature)
+        print(
+            f"trainer-launcher: {self.package} {running(self.package)}: {feature} is off: {why}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def refusal(package: str, version: str | None = None) -> str | None:
     """Why ``package`` at ``version`` (default: the installed one) is refused, as one line; None
     when it is in range or not installed (its absence is reported where it is imported)."""

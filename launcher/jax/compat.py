@@ -19,31 +19,23 @@ Verified on jax 0.5.3, 0.7.2 and 0.10.2 (tests/test_matrix_jax.py runs each).
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import TYPE_CHECKING
 
-_said: set[str] = set()
+if TYPE_CHECKING or __package__:  # imported as the launcher's package (and as a type checker reads it)
+    from launcher.core import versions
+else:  # loaded by path, as the runner beside it is: the launcher's files through the one loader
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner"))
+    from _trainer_launcher_load import program
+
+    del sys.path[0]
+    versions = program.core("versions")
+
 # What a stop record needs of the coordination client; key_value_try_get is optional.
 _STORE_METHODS = ("key_value_set", "blocking_key_value_get", "key_value_dir_get", "wait_at_barrier")
-
-
-def jax_version() -> str:
-    version = getattr(sys.modules.get("jax"), "__version__", None)
-    if version:
-        return str(version)
-    from importlib import metadata
-
-    try:
-        return metadata.version("jax")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def feature_off(feature: str, why: str) -> None:
-    """Say once which feature is off on this jax, and why."""
-    if feature in _said:
-        return
-    _said.add(feature)
-    print(f"trainer-launcher: jax {jax_version()}: {feature} is off: {why}", file=sys.stderr, flush=True)
+notes = versions.FeatureNotes("jax")  # each said once
+feature_off = notes.off
 
 
 class Store:

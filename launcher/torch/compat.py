@@ -37,28 +37,17 @@ import inspect
 import os
 import signal
 import subprocess
-import sys
 import types
 from dataclasses import dataclass
 
-_said: set[str] = set()
+from launcher.core import versions
+
+notes = versions.FeatureNotes("torch")  # each said once
+feature_off = notes.off
 
 
 def torch_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def feature_off(feature: str, why: str) -> None:
-    """Say once which feature is off on this torch, and why."""
-    if feature in _said:
-        return
-    _said.add(feature)
-    print(f"trainer-launcher: torch {torch_version()}: {feature} is off: {why}", file=sys.stderr, flush=True)
+    return versions.installed("torch") or "unknown"
 
 
 # --- the agent's hooks ---------------------------------------------------------------------------

@@ -29,32 +29,23 @@ import os
 import socket
 import stat
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_said: set[str] = set()
+if TYPE_CHECKING or __package__:  # imported as the launcher's package (and as a type checker reads it)
+    from launcher.core import versions
+else:  # loaded by path, as the runner beside it is: the launcher's files through the one loader
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "runner"))
+    from _trainer_launcher_load import program
+
+    del sys.path[0]
+    versions = program.core("versions")
+
+notes = versions.FeatureNotes("xgboost")  # each said once
+feature_off = notes.off
 
 
 def xgboost_version() -> str:
-    module = sys.modules.get("xgboost")
-    version = getattr(module, "__version__", None)
-    if version:
-        return str(version)
-    from importlib import metadata
-
-    for name in ("xgboost", "xgboost-cpu"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return "unknown"
-
-
-def feature_off(feature: str, why: str) -> None:
-    """Say once which feature is off on this xgboost, and why."""
-    if feature in _said:
-        return
-    _said.add(feature)
-    print(f"trainer-launcher: xgboost {xgboost_version()}: {feature} is off: {why}", file=sys.stderr, flush=True)
+    return versions.running("xgboost")
 
 
 # --- the tracker's port ----------------------------------------------------------------------------
