@@ -229,3 +229,37 @@ def test_an_mpi_rank_a_signal_ends_is_named_with_it(mpi, tmp_path, shared_dir, e
     assert (message["reason"], message["retryable"], message["rootCause"]["signal"]) == (reason, retryable, sig)
     if mpi["library"].startswith("Open MPI"):
         assert message["rootCause"]["rank"] == 1 and message["rootCause"]["node"] == "local-node-0-1", message
+
+
+def _runner_pod(tmp_path: Path, framework: str, index: int, port: int, report_dir: Path) -> Job:
+    """Pod ``index`` of two, as Trainer starts a JAX or XGBoost pod, its program training until stopped."""
+    env = {k: v for k, v in clean_env().items() if not k.startswith(("JAX_", "DMLC_"))}
+    env["HOSTNAME"] = f"end-node-0-{index}"
+    if framework == "jax":
+        env.update(JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                   FAIL_HOW="train", REPORT_DIR=str(report_dir))
+        program = JAX_FAIL
+    else:
+        env.update(DMLC_NUM_WORKER="2", DMLC_TASK_ID=str(index), DMLC_TRACKER_URI="127.0.0.1",
+                   DMLC_TRACKER_PORT=str(port), ROUNDS="100000", OUT_DIR=str(report_dir))
+        program = XGBOOST_TRAIN
+    return Job(launcher(framework, "--", sys.executable, program), env, tmp_path, f"pod{index}")
+
+
+@pytest.mark.parametrize("lost", [1, 0], ids=["a-worker-pod", "the-coordinator-pod"])
+@pytest.mark.parametrize("framework", ["jax", "xgboost"])
+def test_a_lost_jax_or_xgboost_pod_is_peer_lost_naming_it_on_the_pod_that_remains(tmp_path, report_dir, framework,
+                                                                                   lost):
+    """The lost-pod row for the runner frameworks: two pods train; one pod's every process is
+    SIGKILLed. The other exits 138 PeerLost, naming the lost pod as the root cause."""
+    port = free_port(span=2)  # XGBoost's stop board listens on the tracker's port + 1
+    jobs = {index: _runner_pod(tmp_path, framework, index, port, report_dir) for index in (0, 1)}
+    marks = "*.step" if framework == "jax" else "training-*"
+    wait_for(lambda: len(list(report_dir.glob(marks))) == 2, 180, "both pods to train")
+    _kill_pod(jobs[lost])
+    survivor = jobs[1 - lost]
+    assert survivor.wait(120) == 138, survivor.stderr[-4000:]
+    message = survivor.termination()
+    assert (message["reason"], message["retryable"]) == ("PeerLost", True), message
+    assert message["rootCause"]["node"] == f"end-node-0-{lost}", message
+    assert "went away without a word" in message["message"], message

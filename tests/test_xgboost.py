@@ -145,7 +145,7 @@ def test_every_pod_stops_at_once_when_pod_0_vanishes(tmp_path, out):
     assert pods[1].wait(60) == 138, pods[1].stderr
     message = pods[1].termination()
     assert (message["reason"], message["retryable"]) == ("PeerLost", True)
-    assert "pod 0" in message["message"]
+    assert "pod 0 went away without a word" in message["message"], message
     assert not alive(worker_1)
 
 

@@ -88,8 +88,17 @@ def lost(own: Outcome, node: str, node_rank: int, silent: list[int]) -> Outcome:
     )
 
 
+def lost_member(index: int, members: int, host_gone: bool) -> int | None:
+    """Which member of a job went away, as one that lost a peer can tell on its own: the host of
+    what the members share (member 0: the store, the coordinator, the board) when that is gone,
+    else the other one of two. None where it cannot tell."""
+    if host_gone and index != 0:
+        return 0
+    return 1 - index if members == 2 else None
+
+
 def peer_name(node: str, node_rank: int, rank: int) -> str:
     """Another node's pod name, where this one's ends in its node rank (a JobSet pod's hostname,
-    ``<job>-node-0-<index>``); else its node rank."""
+    ``<job>-node-0-<index>``); else "pod <index>" (a node's rank is its pod's index)."""
     suffix = f"-{node_rank}"
-    return f"{node[: -len(suffix)]}-{rank}" if node.endswith(suffix) else f"node rank {rank}"
+    return f"{node[: -len(suffix)]}-{rank}" if node.endswith(suffix) else f"pod {rank}"

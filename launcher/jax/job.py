@@ -180,7 +180,7 @@ def jax_outcome(
 ) -> Outcome:
     """How this pod's JAX process ended, as a row of the exit-code table that names the process
     (``memory_before``: the container's memory cgroup when the job started)."""
-    from launcher.core.job_outcome import stopped_by
+    from launcher.core.job_outcome import lost, lost_member, stopped_by
     from launcher.core.outcome import (
         Outcome,
         Reasons,
@@ -243,14 +243,14 @@ def jax_outcome(
             f"{plan.argv[0]} cannot import jax: {report.error}",
             RootCause(node=node, rank=pid),
         )
+    # A peer that vanished without a stop record is named where this process can tell which:
+    # the coordinator's (process 0's) pod when its store is gone, else the other of two.
+    gone = lost_member(pid, plan.num_processes, report.peer is not None)
     if ending == "peerLost":
-        return Outcome.of(
-            Reasons.PEER_LOST,
-            f"{what} lost a peer that never said why: {report.error}",
-            cause,
-            report.error,
-            tail,
+        outcome = Outcome.of(
+            Reasons.PEER_LOST, f"{what} lost a peer that never said why: {report.error}", cause, report.error, tail
         )
+        return outcome if gone is None else lost(outcome, node, pid, [gone])
     text = "\n".join(child.tail)
     if not ending and _DUPLICATE_ID.search(text):
         return Outcome.of(
@@ -262,7 +262,7 @@ def jax_outcome(
             cause,
         )
     if not ending and _SERVICE_FATAL.search(text):
-        return Outcome.of(
+        outcome = Outcome.of(
             Reasons.PEER_LOST,
             f"{what} was aborted by JAX: its coordination service reported another process's failure "
             "or loss (that process's pod names the root cause)",
@@ -270,6 +270,7 @@ def jax_outcome(
             child.evidence,
             tail,
         )
+        return outcome if gone is None else lost(outcome, node, pid, [gone])
     evidence = judge.gather(returncode, child.marks, memory_before=memory_before)
     outcome = judge.verdict(evidence, codes=codes, root_cause=cause, what=what)
     if report.error:

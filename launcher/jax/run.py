@@ -341,8 +341,10 @@ class Session:
         if error and PEER_LOSS.search(error) and self.store.try_get(STOP_KEY) is None:
             try:
                 self.store.get(STOP_KEY, int(PEER_WAIT * 1000))
-            except Exception:  # noqa: BLE001 - nobody published: a peer vanished without a word
-                report(config, "peerLost", code, error=error)
+            except Exception as unanswered:  # noqa: BLE001 - nobody published: a peer vanished without a word
+                # The store itself gone (not a wait that timed out): the coordinator's pod was lost.
+                gone = None if "DEADLINE_EXCEEDED" in str(unanswered) else config.coordinator
+                report(config, "peerLost", code, error=error, peer=gone)
                 leave(code)
         mine = records.StopRecord(
             GENERATION,

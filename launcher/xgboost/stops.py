@@ -150,8 +150,8 @@ class Stops:
     def settle(self, own: Outcome) -> Outcome:
         """The job's outcome as this pod reports it: its own, or the stop record it adopted, or
         pod 0 gone without a word. Pod 0 keeps the board up for the others to read a failure."""
-        from launcher.core.job_outcome import stopped_by
-        from launcher.core.outcome import Outcome, Reasons, RootCause
+        from launcher.core.job_outcome import lost, lost_member, stopped_by
+        from launcher.core.outcome import Outcome, Reasons
 
         node = self.plan.node
         if (board := self.board) is not None:
@@ -165,13 +165,11 @@ class Stops:
         if adopted is not None and adopted.outcome is not None:  # board.check_record vouched for it
             root = Outcome.from_json(adopted.outcome)  # and for its pod's address
             return stopped_by(replace(root, message=f"{root.message} (reported by pod {adopted.node_rank})"), node)
-        if self.pod_0_lost:
-            return Outcome.of(
-                Reasons.PEER_LOST,
-                f"pod 0 ({self.plan.tracker_host}), which runs the XGBoost tracker, went away without a "
-                f"word while {node}'s workers ran; {node} stopped them",
-                RootCause(node=node),
-            )
+        index = self.plan.pod_index
+        if self.pod_0_lost or own.reason == Reasons.PEER_LOST:
+            gone = lost_member(index, self.plan.pods, self.pod_0_lost)
+            if gone is not None:  # pod 0 runs the tracker and the board: its loss ends the job
+                return lost(own, node, index, [gone])
         return own
 
     def _serve_for(self, seconds: float, done: Callable[[], bool]) -> None:

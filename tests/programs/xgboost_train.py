@@ -46,6 +46,8 @@ def report(**extra) -> None:
 
 class FailAfterRound(xgb.callback.TrainingCallback):
     def after_iteration(self, model, epoch, evals_log):
+        if epoch == 0:
+            write(f"training-{task}", b"")  # a test may act once every worker trains
         if task == fail_task and epoch == 2:
             if behaviour.startswith("signal:"):
                 print(f"task {task} sends itself {behaviour[7:]}", flush=True)
