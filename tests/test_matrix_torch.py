@@ -21,6 +21,7 @@ from test_status_e2e import finals, metrics, trainer_status
 
 pytestmark = pytest.mark.matrix
 PROGRESS = str(REPO / "tests" / "programs" / "progress_job.py")
+ENDINGS_PROGRAM = str(REPO / "tests" / "programs" / "endings.py")
 python = python_fixture("torch")
 
 
@@ -52,6 +53,27 @@ def test_a_failing_rank_is_named_on_both_nodes(python, tmp_path):
     for node in ("[node-0]", "[node-1]"):
         verdicts = [line for line in job.stderr.splitlines() if line.startswith(node) and "-> exit 3" in line]
         assert verdicts and "rank 3" in verdicts[-1], (node, job.stderr)
+
+
+# Endings whose verdicts rest on what this torch does: a native crash beside its peers' echo of the
+# loss (the judge reads torch's "[rankN]:" prefix), a failing sys.exit mid-training (torch's teardown
+# abort, issue 117762, must not replace its code) and a node fault the failing rank prints itself.
+ENDINGS = {
+    "signal:SIGSEGV": (139, "Crashed", False),
+    "exit:138": (138, "RetryableExit", True),
+    "fault": (138, "NodeFault", True),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_ranks_ending_gets_the_tables_verdict(python, tmp_path, ending):
+    code, reason, retryable = ENDINGS[ending]
+    job = Job(run(python, "local", "--nnodes", "1", "--nproc-per-node", "2", "--", ENDINGS_PROGRAM),
+              clean_env(ENDING=ending, FAIL_RANK="1"), tmp_path)
+    assert job.wait(180) == code, job.stderr[-4000:]
+    message = job.termination()
+    assert (message.get("causeReason", message["reason"]), message["retryable"]) == (reason, retryable), message
+    assert message["rootCause"]["rank"] == 1, message
 
 
 def test_a_rank_ignoring_sigterm_is_killed_after_the_grace_period(python, tmp_path):
