@@ -1,7 +1,8 @@
 """A JAX process that meets the others in a collective, then (process FAIL_ID only) fails the way
 FAIL_HOW says, while the others block in the next collective: ``exit`` (sys.exit(FAIL_CODE)),
 ``raise`` (an exception), ``kill`` (SIGKILL itself, no word to anyone) or ``signal:<NAME>`` (that
-signal to itself: SIGSEGV for a native crash); ``train`` (no process fails: every one meets the
+signal to itself: SIGSEGV for a native crash), ``fault`` (it prints an NCCL system error, as a
+process on a broken node does, and exits 1); ``train`` (no process fails: every one meets the
 others in TRAIN_STEPS more collectives, for a test that ends the job from outside). With
 REPORT_DIR set, each writes <process id>.step there (atomically) after its first collective."""
 
@@ -40,6 +41,9 @@ if jax.process_index() == int(os.environ.get("FAIL_ID", "1")):
         os.kill(os.getpid(), signal.SIGKILL)
     if how.startswith("signal:"):
         os.kill(os.getpid(), signal.Signals[how.split(":")[1]])
+    if how == "fault":  # what a process on a broken node prints before it exits 1
+        print("NCCL error in: ProcessGroupNCCL.cpp:2050, unhandled system error", file=sys.stderr, flush=True)
+        sys.exit(1)
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))
 multihost_utils.process_allgather(jnp.array(jax.process_index()))
 print("unreachable: a peer failed before this collective", flush=True)

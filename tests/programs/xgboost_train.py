@@ -5,7 +5,8 @@ JSON report, both atomically, in $OUT_DIR.
 BEHAVIOUR: train (default); exit:N (task $FAIL_TASK exits N after boosting round 2, the others
 keep training); crash:N (the same through os._exit(N): no exception, no collective shutdown, as a
 crash); signal:NAME (the task sends itself that signal: SIGSEGV for a native crash); sleep (write the report, then sleep: for signal tests); raise (task $FAIL_TASK raises
-ValueError after round 2).
+ValueError after round 2); fault (task $FAIL_TASK prints an NCCL system error, as a worker on a
+broken node does, and exits 1 after round 2).
 """
 
 import gc
@@ -58,6 +59,9 @@ class FailAfterRound(xgb.callback.TrainingCallback):
             if behaviour.startswith("exit:"):
                 print(f"task {task} exits {behaviour[5:]}", flush=True)
                 sys.exit(int(behaviour[5:]))
+            if behaviour == "fault":  # what a worker on a broken node prints before it exits 1
+                print("NCCL error in: ProcessGroupNCCL.cpp:2050, unhandled system error", file=sys.stderr, flush=True)
+                sys.exit(1)
             if behaviour == "raise":
                 raise ValueError(f"task {task} found a bad shard")
         return False
