@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from launcher import __version__
 from launcher.core.knobs import KNOBS, Knob, given
@@ -27,15 +26,21 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+# A framework's command: its command module, or the object it holds as COMMAND
+# (launcher.core.runner_command.RunnerCommand), with the attributes launcher/frameworks.py lists.
+Command = Any
+
 # The subcommands that are not a framework's.
 _OWN_COMMANDS = ("plan", "exec", "local", "smoke", "init", "policy")
 
 
-def frameworks(plugins: bool = True) -> dict[str, ModuleType]:
-    """Each framework's command module, by name, in the registry's order; the plugged-in
-    frameworks' too (launcher.frameworks.plugged_in) unless ``plugins`` is False."""
+def frameworks(plugins: bool = True) -> dict[str, Command]:
+    """Each framework's command, by name, in the registry's order (its command module, or the
+    ``COMMAND`` object that module holds); the plugged-in frameworks' too
+    (launcher.frameworks.plugged_in) unless ``plugins`` is False."""
     registered = FRAMEWORKS + (plugged_in() if plugins else ())
-    return {framework.name: importlib.import_module(framework.command) for framework in registered}
+    modules = {framework.name: importlib.import_module(framework.command) for framework in registered}
+    return {name: getattr(module, "COMMAND", module) for name, module in modules.items()}
 
 
 def may_name_a_plugin(argv: list[str]) -> bool:
@@ -68,7 +73,7 @@ def _add_export_knobs(parser: argparse.ArgumentParser) -> None:
     _add_table(parser, "export after the job (each also a variable; flags win)", EXPORT_KNOBS)
 
 
-def _add_framework_knobs(parser: argparse.ArgumentParser, command: ModuleType) -> None:
+def _add_framework_knobs(parser: argparse.ArgumentParser, command: Command) -> None:
     if command.KNOBS:
         _add_table(
             parser,
@@ -78,7 +83,7 @@ def _add_framework_knobs(parser: argparse.ArgumentParser, command: ModuleType) -
         )
 
 
-def _parser(commands_by_name: dict[str, ModuleType]) -> argparse.ArgumentParser:
+def _parser(commands_by_name: dict[str, Command]) -> argparse.ArgumentParser:
     parser = _Parser(prog="trainer-launcher", description="The in-pod side of distributed training on Kubernetes.")
     parser.add_argument("--version", action="version", version=f"trainer-launcher {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

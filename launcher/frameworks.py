@@ -1,11 +1,12 @@
 """The frameworks the launcher runs: the one table that names them.
 
 A framework is a package, ``launcher/<name>/``, plus its entry here. The package's ``command``
-module says how the CLI reaches it: ``NAME``, ``HELP``, ``USAGE``, ``KNOBS`` (its LAUNCHER_*
-variables, each also a flag), ``add_options`` and ``run`` for its subcommand; ``plan`` and
-``local`` where ``plan --framework`` and ``local --framework`` serve it; ``add_shared_options``
-for switches those two take too; ``add_local_options`` and ``claims_local`` where ``local`` has
-options of its own for it (and is then that framework's without ``--framework``); and, in the
+module (or the object it holds as ``COMMAND``) says how the CLI reaches it: ``NAME``, ``HELP``,
+``USAGE``, ``KNOBS`` (its LAUNCHER_* variables, each also a flag), ``add_options`` and ``run`` for
+its subcommand; ``plan`` and ``local`` where ``plan --framework`` and ``local --framework`` serve
+it; ``add_shared_options`` for switches those two take too; ``add_local_options`` and
+``claims_local`` where ``local`` has options of its own for it (and is then that framework's
+without ``--framework``); and, in the
 default framework's, ``pod_request``: what the controller asked of this pod, which the preflight
 (``smoke``) checks against the node. The entry holds what the rest of the launcher must know of
 a framework without importing its package: the marks its library leaves in the ranks' stacks and

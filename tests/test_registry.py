@@ -25,7 +25,8 @@ def test_every_framework_folder_is_registered_and_every_entry_has_its_folder():
     folders = {path.parent.name for path in PACKAGE.glob("*/command.py")}
     assert folders == {framework.name for framework in frameworks.FRAMEWORKS}
     for framework in frameworks.FRAMEWORKS:
-        assert importlib.import_module(framework.command).NAME == framework.name
+        module = importlib.import_module(framework.command)
+        assert getattr(module, "COMMAND", module).NAME == framework.name
 
 
 def test_the_default_framework_is_registered_and_says_what_the_pod_asks_for():
@@ -72,7 +73,9 @@ def test_split_tells_switches_from_options_with_values(argv, head, rest):
 
 def _recording(monkeypatch, module: str, attribute: str) -> list:
     calls: list = []
-    monkeypatch.setattr(importlib.import_module(module), attribute, lambda *args: calls.append(args) or 0)
+    command = importlib.import_module(module)
+    command = getattr(command, "COMMAND", command)  # a RunnerCommand, or the module itself
+    monkeypatch.setattr(command, attribute, lambda *args: calls.append(args) or 0)
     return calls
 
 

@@ -8,11 +8,48 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from launcher.core.knobs import Knob, Override, given
 
 PLACEHOLDER = ("python", "SCRIPT")  # the program a plan shows when none was given
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a runner framework's plan is made from: its settings, loaded and checked; the program;
+    the host, as read; where each setting came from."""
+
+    settings: Any
+    program: tuple[str, ...]
+    host: Any  # launcher.core.devices.HostFacts
+    host_env: Any  # launcher.core.settings.HostEnv
+    sources: dict[str, str]
+
+
+def plan_inputs(
+    name: str,
+    model: Any,
+    load: Callable[[Any], Any],
+    overrides: dict[str, Override],
+    rest: list[str],
+    launcher: Any,
+    require_program: bool,
+) -> PlanInputs:
+    """Read and check everything a plan of framework ``name`` needs (``model``: its settings'
+    class, ``load`` the function that loads and checks them). This interpreter's Python is checked
+    here; the runner checks the program's library where it runs."""
+    from launcher.core import settings, versions
+    from launcher.core.devices import probe_host
+
+    versions.check("python", allow=launcher.allow_untested_versions)
+    loaded = load(overrides)
+    program = tuple(program_words(name, rest, require_program))
+    host_env = settings.load(settings.HostEnv)
+    return PlanInputs(loaded, program, probe_host(host_env), host_env, settings.sources(model, overrides))
 
 
 def program_words(name: str, rest: list[str], require_program: bool) -> list[str]:
@@ -28,10 +65,16 @@ def program_words(name: str, rest: list[str], require_program: bool) -> list[str
 
 
 class RunnerCommand:
-    """``run``, ``plan`` and ``local`` of the framework ``name`` whose knobs are ``knobs``."""
+    """The command of the framework ``name`` whose knobs are ``knobs``: what launcher/frameworks.py
+    says a command module holds (``NAME``, ``HELP``, ``USAGE``, ``KNOBS``, ``add_options``, ``run``,
+    ``plan``, ``local``), as the ``COMMAND`` of the framework's command module."""
 
-    def __init__(self, name: str, knobs: dict[str, Knob]):
+    def __init__(self, name: str, knobs: dict[str, Knob], help: str, usage: str):
         self.name, self.knobs = name, knobs
+        self.NAME, self.HELP, self.USAGE, self.KNOBS = name, help, usage, knobs
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        """None of its own: its options are its knobs."""
 
     def _module(self, part: str) -> ModuleType:
         return importlib.import_module(f"launcher.{self.name}.{part}")

@@ -129,23 +129,16 @@ def make_plan(
     jax_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings, require_program: bool = True
 ) -> JaxPlan:
     """Validate JAX_* and the launcher's knobs, read the host, plan."""
-    from launcher.core import settings, versions
-    from launcher.core.devices import probe_host
-    from launcher.core.runner_command import program_words
-    from launcher.core.settings import HostEnv
+    from launcher.core.runner_command import plan_inputs
     from launcher.jax.plan import JaxFacts, plan_jax
     from launcher.jax.settings import JaxSettings, load_jax
 
-    # This interpreter's Python; the runner checks the program's jax where it runs.
-    versions.check("python", allow=launcher.allow_untested_versions)
-    jax = load_jax(jax_overrides)
-    rest = program_words("jax", rest, require_program)
-    host = probe_host(settings.load(HostEnv))
-    sources = settings.sources(JaxSettings, jax_overrides)
+    given = plan_inputs("jax", JaxSettings, load_jax, jax_overrides, rest, launcher, require_program)
+    host = given.host
     facts = JaxFacts(
         hostname=host.hostname, gpu_count=host.gpu_count, runner=RUNNER, rendezvous_timeout=launcher.rendezvous_timeout
     )
-    return plan_jax(jax, facts, tuple(rest), sources)
+    return plan_jax(given.settings, facts, given.program, given.sources)
 
 
 def _summary(plan: JaxPlan) -> str:

@@ -55,31 +55,23 @@ def make_plan(
     xgboost_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings, require_program: bool = True
 ) -> XGBoostPlan:
     """Read and validate DMLC_* and the knobs, read the host, plan this pod."""
-    from launcher.core import settings, versions
-    from launcher.core.devices import probe_host
-    from launcher.core.runner_command import program_words
-    from launcher.core.settings import HostEnv
+    from launcher.core.runner_command import plan_inputs
     from launcher.xgboost.plan import XGBoostFacts, plan_xgboost
     from launcher.xgboost.settings import XGBoostSettings, load_xgboost
 
-    # This interpreter's Python; the runners check the program's xgboost where it runs.
-    versions.check("python", allow=launcher.allow_untested_versions)
-    xgboost = load_xgboost(xgboost_overrides)
-    rest = program_words("xgboost", rest, require_program)
-    host_env = settings.load(HostEnv)
-    host = probe_host(host_env)
+    given = plan_inputs("xgboost", XGBoostSettings, load_xgboost, xgboost_overrides, rest, launcher, require_program)
+    host = given.host
     facts = XGBoostFacts(
         hostname=host.hostname,
         gpu_count=host.gpu_count,
-        cuda_visible_devices=host_env.cuda_visible_devices,
+        cuda_visible_devices=given.host_env.cuda_visible_devices,
         whole_cpus=host.whole_cpus,
         omp_num_threads_set=host.omp_num_threads_set,
         python=sys.executable,
         runner=RUNNER,
         tracker_script=TRACKER,
     )
-    sources = settings.sources(XGBoostSettings, xgboost_overrides)
-    return plan_xgboost(xgboost, facts, tuple(rest), sources)
+    return plan_xgboost(given.settings, facts, given.program, given.sources)
 
 
 def run_xgboost(
@@ -161,11 +153,9 @@ class XGBoostPod(lifecycle.Pod):
             go = life.go_pipe()
             self.early_tracker = _Tracker(life, [command.interpreter, TRACKER, "--go-fd", str(go.child_fd)], go)
         self.runner_go, self.joined_pipe = life.go_pipe(), life.listen(self._on_joined)
+        pipes = {"--go-fd": self.runner_go.child_fd, "--joined-fd": self.joined_pipe.child_fd}
         options = [
-            "--go-fd",
-            str(self.runner_go.child_fd),
-            "--joined-fd",
-            str(self.joined_pipe.child_fd),
+            *(word for flag, fd in pipes.items() for word in (flag, str(fd))),
             "--report",
             life.path("worker-early.json"),
         ]
