@@ -21,6 +21,7 @@ from conftest import REPO, clean_env, launcher
 
 PROGRAM = str(REPO / "tests" / "programs" / "ddp_no_destroy.py")
 RUNS = 20
+CHAINS = 4  # the runs as chains that pytest-xdist can run side by side: CI's time, not fewer runs
 
 
 def run_local(report_dir: Path, nnodes: int, nproc: int, **env: str) -> subprocess.CompletedProcess:
@@ -34,9 +35,11 @@ def written(report_dir: Path, suffix: str) -> list[int]:
     return sorted(int(path.stem) for path in report_dir.glob(f"*.{suffix}"))
 
 
-@pytest.mark.timeout(RUNS * 600)
-def test_a_ddp_script_that_never_destroys_its_group_succeeds_every_time(tmp_path):
-    for run in range(1, RUNS + 1):
+@pytest.mark.timeout(RUNS // CHAINS * 600)
+@pytest.mark.parametrize("chain", range(CHAINS))
+def test_a_ddp_script_that_never_destroys_its_group_succeeds_every_time(tmp_path, chain):
+    """RUNS runs in all, each a real 2 x 2 job; every one must end 0."""
+    for run in range(chain * RUNS // CHAINS + 1, (chain + 1) * RUNS // CHAINS + 1):
         report_dir = tmp_path / f"run{run}"
         result = run_local(report_dir, 2, 2)
         said = f"run {run} of {RUNS}:\n{result.stdout[-6000:]}"
