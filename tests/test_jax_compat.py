@@ -25,12 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "launcher" / "jax" / "run.py"
 compat = runner.compat
 
-
-@pytest.fixture(autouse=True)
-def fresh_said():
-    compat.notes.said.clear()
-    yield
-    compat.notes.said.clear()
+pytestmark = pytest.mark.usefixtures("notes_said_afresh")
 
 
 def jax_env(**extra: str) -> dict[str, str]:

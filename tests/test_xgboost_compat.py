@@ -20,12 +20,7 @@ from launcher.xgboost import run as runner
 
 compat = runner.compat
 
-
-@pytest.fixture(autouse=True)
-def fresh_said():
-    compat.notes.said.clear()
-    yield
-    compat.notes.said.clear()
+pytestmark = pytest.mark.usefixtures("notes_said_afresh")
 
 
 # --- the tracker's port ---------------------------------------------------------------------------
