@@ -102,6 +102,16 @@ def report_dir(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def notes_said_afresh(request: pytest.FixtureRequest):
+    """A framework's ``compat.notes`` (versions.FeatureNotes, in the test module's ``compat``) says
+    each feature off once per process: the test starts with nothing said yet, and leaves so."""
+    said = request.module.compat.notes.said
+    said.clear()
+    yield
+    said.clear()
+
+
 def assert_one_line_naming(result: subprocess.CompletedProcess, names: str, value: str | None) -> str:
     output = result.stdout + result.stderr
     assert "Traceback" not in output, output

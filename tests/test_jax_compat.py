@@ -1,23 +1,22 @@
-"""launcher/jax/compat.py (jax's internals, behind feature checks) and the runner's version gate
-(launcher/core/versions.py, checked before ``import jax``).
+"""launcher/jax/compat.py (jax's internals, behind feature checks), and what the launcher makes of
+a JAX process's report.
 
 The hooks run for real on every jax of the matrix (tests/test_matrix_jax.py: 0.5.3, 0.7.2, 0.10.2).
-Here: what each does where its hook is missing (said once, the job still runs), and the gate in
-the user's interpreter, loaded by path as the launcher runs it. A jax outside the range is not
-installed anywhere here, so the gate's refusal is driven by an explicit version string; the run
-with a real, supported jax is real.
+Here: what each does where its hook is missing (said once, the job still runs), and a refused
+version and a failing process as the launcher names them. The runner's version gate itself
+(launcher/core/versions.py, checked before ``import jax``) is tested with XGBoost's, in
+tests/test_runner_versions.py.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import clean_env, free_port
 
-from conftest import assert_one_line_naming, clean_env, free_port
 from launcher.core import versions
 from launcher.jax import run as runner
 from launcher.runner import report as records
@@ -26,12 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "launcher" / "jax" / "run.py"
 compat = runner.compat
 
-
-@pytest.fixture(autouse=True)
-def fresh_said():
-    compat.notes.said.clear()
-    yield
-    compat.notes.said.clear()
+pytestmark = pytest.mark.usefixtures("notes_said_afresh")
 
 
 def jax_env(**extra: str) -> dict[str, str]:
@@ -40,54 +34,7 @@ def jax_env(**extra: str) -> dict[str, str]:
     return env
 
 
-# --- the version gate, in the runner ---------------------------------------------------------------
-
-def gate(tmp_path: Path, version: str, **extra: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """The runner's gate as it runs: run.py loaded by path in a separate interpreter, as process 1
-    of 2, reporting where the launcher would read it."""
-    report = tmp_path / "report.json"
-    code = ("import importlib.util, os, sys\n"
-            f"spec = importlib.util.spec_from_file_location('run', {str(RUNNER)!r})\n"
-            "run = importlib.util.module_from_spec(spec)\n"
-            "spec.loader.exec_module(run)\n"
-            f"run.version_gate(run.Config(dict(os.environ)), {version!r})\n"
-            "print('went on', 'jax' in sys.modules)\n")
-    env = jax_env(JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1", JAX_COORDINATOR_ADDRESS="127.0.0.1:29500",
-                  TRAINER_LAUNCHER_JAX_REPORT=str(report), HOSTNAME="tj-node-0-1", **extra)
-    result = subprocess.run([sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True,
-                            timeout=60)
-    return result, report
-
-
-def test_a_jax_below_the_floor_is_refused_with_exit_2_in_one_line(tmp_path):
-    result, report = gate(tmp_path, "0.4.38")
-    line = assert_one_line_naming(result, "expected jax >=0.5,<0.11", "jax='0.4.38'")
-    said = versions.refusal("jax", "0.4.38")
-    assert line == f"trainer-launcher: jax: {said}"
-    assert json.loads(report.read_text()) == {"ending": "refused", "exitCode": 2, "reason": "UnsupportedVersion",
-                                              "rank": 1, "node": "tj-node-0-1", "error": said}
-
-
-def test_a_jax_above_the_ceiling_is_refused_too(tmp_path):
-    result, _ = gate(tmp_path, "0.11.0")
-    assert_one_line_naming(result, "expected jax >=0.5,<0.11", "jax='0.11.0'")
-
-
-def test_allowed_untested_version_runs_with_one_warning_line(tmp_path):
-    result, report = gate(tmp_path, "0.4.38", LAUNCHER_ALLOW_UNTESTED_VERSIONS="1")
-    assert result.returncode == 0, result.stderr
-    (line,) = result.stderr.splitlines()
-    assert line.startswith("trainer-launcher: jax: warning: jax='0.4.38': expected jax >=0.5,<0.11")
-    assert line.endswith("running it anyway (LAUNCHER_ALLOW_UNTESTED_VERSIONS=1)")
-    assert result.stdout == "went on False\n"  # checked before jax was imported
-    assert not report.exists()
-
-
-@pytest.mark.parametrize("version", ["0.5.0", "0.7.2", "0.10.2", "0.10.3.dev20260101"])
-def test_a_supported_jax_passes_the_gate_without_a_word(tmp_path, version):
-    result, _ = gate(tmp_path, version)
-    assert (result.returncode, result.stderr, result.stdout) == (0, "", "went on False\n")
-
+# --- what the launcher makes of the runner's report ------------------------------------------------
 
 def test_the_launcher_names_a_refused_version_as_a_config_error():
     from launcher.core.supervisor import Child
@@ -124,21 +71,6 @@ def test_the_failing_process_keeps_its_code_when_jax_ends_it_after_its_report(mo
     outcome = jax_outcome(plan, supervisor, child, report, frozenset())
     assert (outcome.exit_code, outcome.reason) == (3, "Failed")
     assert outcome.message.startswith("JAX process 1 on tj-node-0-1 exited with code 3")
-
-
-def test_a_real_job_on_the_installed_jax_says_nothing_about_versions(tmp_path):
-    """This interpreter's jax (in range): the gate reads it from the installed metadata, and
-    ``--allow-untested-versions 1`` changes nothing but reaching the runner as its variable."""
-    code = ("import os, jax; jax.distributed.initialize(); "
-            "print('world', jax.process_count(), os.environ['LAUNCHER_ALLOW_UNTESTED_VERSIONS'])")
-    result = subprocess.run([sys.executable, "-m", "launcher", "jax", "--allow-untested-versions", "1", "--",
-                             sys.executable, "-c", code], cwd=REPO,
-                            env=jax_env(JAX_NUM_PROCESSES="1", JAX_PROCESS_ID="0", HOSTNAME="tj-node-0-0",
-                                        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}"),
-                            capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr
-    assert "world 1 1" in result.stdout
-    assert "warning" not in result.stderr and "expected jax" not in result.stderr and " is off: " not in result.stderr
 
 
 # --- hooks missing: that feature is off, said once, the rest works -----------------------------------
