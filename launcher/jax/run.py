@@ -88,7 +88,8 @@ crash = program.core("crash")
 # The supported ranges (launcher/core/versions.py), checked before the framework is imported.
 versions = program.core("versions")
 # The errors of a collective whose peer went away (gloo's TCP pairs), in the table of reasons' words.
-PEER_LOSS = re.compile(rf"{program.core('reasons').PEER_LOSS_WORDS}|Socket closed")
+reasons = program.core("reasons")
+PEER_LOSS = re.compile(rf"{reasons.PEER_LOSS_WORDS}|Socket closed")
 
 
 def _usage_error(message: str) -> NoReturn:
@@ -120,7 +121,7 @@ def version_gate(config: Config, version: str | None = None) -> None:
     """Refuse a jax out of range: report it (role ``version``), one line, exit 2."""
     refused = check_version(version)
     if refused is not None:
-        report(config, "refused", 2, reason="UnsupportedVersion", error=refused)
+        report(config, "refused", 2, reason=reasons.Reasons.UNSUPPORTED_VERSION, error=refused)
         _usage_error(refused)
 
 
@@ -232,7 +233,7 @@ class Session:
             )
         except Exception as error:  # noqa: BLE001 - JAX raises its own runtime error types
             text = program.describe(error)
-            report(config, "refused", INIT_FAILED, reason="RendezvousFailed", error=text)
+            report(config, "refused", INIT_FAILED, reason=reasons.Reasons.RENDEZVOUS_FAILED, error=text)
             _say(f"process {config.process_id} could not join the coordinator at {config.coordinator}: {text}")
             leave(INIT_FAILED)
         if config.num_processes > 1:  # None: no stop records, the exit codes still hold (said once)
@@ -424,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
         version_gate(config)  # the go word may carry LAUNCHER_ALLOW_UNTESTED_VERSIONS
         jax, import_error = _import_jax()
     if import_error is not None:
-        report(config, "refused", 2, reason="ConfigError", error=import_error)
+        report(config, "refused", 2, reason=reasons.Reasons.CONFIG_ERROR, error=import_error)
         _usage_error(f"{sys.executable} cannot import jax: {import_error}")
     if os.environ.get(CPU_COLLECTIVES_ENV):  # jax read its variables at import, before the launcher's word came
         compat.cpu_collectives(jax, os.environ[CPU_COLLECTIVES_ENV])

@@ -267,7 +267,9 @@ def _run(agent: Agent) -> int:
         import torch.distributed.run as torchrun
     except ImportError as error:
         said = f"torch is not importable ({error}): install torch in this image"
-        agent.finish(records.report("refused", 2, reason="ConfigError", error=said))
+        from launcher.core.reasons import Reasons
+
+        agent.finish(records.report("refused", 2, reason=Reasons.CONFIG_ERROR, error=said))
     gc.freeze()
     gc.enable()
     if quiet:
