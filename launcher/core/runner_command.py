@@ -1,8 +1,9 @@
-"""The command module of a framework whose own settings are knobs and whose pods run the user's
-Python through a runner (one process or worker per pod or GPU): what the CLI reaches (``run``,
-``plan``, ``local``), made once from the framework's name and knobs. Its package supplies, in
-``job``, ``run_<name>`` and ``make_plan`` and, in ``local``, ``run_local``; they are imported when a
-command runs, so nothing heavy is imported before."""
+"""The command of a framework whose own settings are knobs and whose pods run the user's Python
+through a runner (one process or worker per pod or GPU): what the CLI reaches (``run``, ``plan``,
+``local``), made once from the framework's name and knobs, and what every such plan reads
+(:func:`plan_inputs`). Its package supplies, in ``job``, ``run_<name>`` and ``make_plan`` and, in
+``local``, ``run_local``; they are imported when a command runs, so nothing heavy is imported
+before."""
 
 from __future__ import annotations
 
@@ -70,20 +71,19 @@ class RunnerCommand:
     ``plan``, ``local``), as the ``COMMAND`` of the framework's command module."""
 
     def __init__(self, name: str, knobs: dict[str, Knob], help: str, usage: str):
-        self.name, self.knobs = name, knobs
         self.NAME, self.HELP, self.USAGE, self.KNOBS = name, help, usage, knobs
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         """None of its own: its options are its knobs."""
 
     def _module(self, part: str) -> ModuleType:
-        return importlib.import_module(f"launcher.{self.name}.{part}")
+        return importlib.import_module(f"launcher.{self.NAME}.{part}")
 
     def _given(self, args: argparse.Namespace) -> dict[str, Override]:
-        return given(args, self.knobs, f"{self.name}_")
+        return given(args, self.KNOBS, f"{self.NAME}_")
 
     def run(self, args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
-        return getattr(self._module("job"), f"run_{self.name}")(overrides, self._given(args), rest)
+        return getattr(self._module("job"), f"run_{self.NAME}")(overrides, self._given(args), rest)
 
     def plan(self, args: argparse.Namespace, overrides: dict[str, Override], rest: list[str]) -> int:
         from launcher.core.report import print_plan

@@ -11,7 +11,8 @@ default) and the others in their next collective, until every process aborts wit
 the real exit code is lost. Through the coordination service's key-value store instead:
 
 - the failing process publishes the job's stop record (launcher/runner/report.py: its process
-  id, pod, exit code, error; the first writer wins) and exits with its own code at once, without JAX's shutdown barrier;
+  id, pod, exit code, error; the first writer wins) and exits with its own code at once, without
+  JAX's shutdown barrier;
 - every other process watches for that record and exits with the same code, handing its
   launcher the record, so every pod names the same root cause;
 - a process that failed only because a peer vanished ("Connection reset by peer") does not claim
@@ -118,7 +119,7 @@ def check_version(version: str | None = None, environ: dict[str, str] | None = N
 
 
 def version_gate(config: Config, version: str | None = None) -> None:
-    """Refuse a jax out of range: report it (role ``version``), one line, exit 2."""
+    """Refuse a jax out of range: report it (``refused``, UnsupportedVersion), one line, exit 2."""
     refused = check_version(version)
     if refused is not None:
         report(config, "refused", 2, reason=reasons.Reasons.UNSUPPORTED_VERSION, error=refused)

@@ -7,8 +7,9 @@ which rank failed, on which node, and why: the launcher's one report (launcher/r
 ending ``failed``, or ``refused`` for an mpi4py out of range) as one JSON line over TCP to the
 address in ``TRAINER_LAUNCHER_RANK_REPORT``, the token beside it, answered before the abort goes
 out. mpirun's own "rank N aborted" line travels through the MPI's output forwarding, which the
-abort itself races and sometimes loses; this report does not. A program whose MPI came up without mpi4py (MLX's MPI
-backend loads libmpi itself) is aborted the same way, through that library.
+abort itself races and sometimes loses; this report does not. A program whose MPI came up
+without mpi4py (MLX's MPI backend loads libmpi itself) is aborted the same way, through that
+library.
 
 Imports nothing of the launcher but stdlib-only modules (the runner, the version table), and
 mpi4py only when the program starts: it runs in every rank, so it reads its few variables from the

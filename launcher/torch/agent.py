@@ -92,9 +92,11 @@ def _recorded_message(failure) -> str | None:
 
 def _stop_record(failures: dict) -> records.StopRecord:
     """The job's stop record for this node's ranks' failure (Peers.publish_stop adds where)."""
+    from launcher.torch.peers import GENERATION
+
     root = _first(_rank_reports(failures)) if failures else {}
     return records.StopRecord(
-        generation=0,
+        generation=GENERATION,
         rank=root.get("rank"),
         local_rank=root.get("localRank"),
         exit_code=root.get("exitCode"),

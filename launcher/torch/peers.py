@@ -265,7 +265,7 @@ class Peers:
             if self.role is not None:
                 return
             self.failed_at = time.time()
-            mine = replace(record, generation=GENERATION, node_rank=self.config.node_rank, node=self.config.node)
+            mine = replace(record, node_rank=self.config.node_rank, node=self.config.node)
             store = self._main_store()
             if store is None:
                 self.role = "root"

@@ -377,16 +377,11 @@ class XGBoostPod(lifecycle.Pod):
         """The worker that failed on its own: the first to fail, unless it only lost a peer and a
         neighbour on this pod failed on its own a moment later."""
         spawned = next((s for s in self.workers if s.child is first), None)
-        if spawned is None or not _peer_lost(spawned):
+        if spawned is None or not _peer_lost(spawned, records.Report.read(spawned.report_path)):
             return spawned
-        own = [
-            s
-            for s in self.workers
-            if s.child is not None
-            and s.child.returncode not in (0, None)
-            and records.Report.read(s.report_path) is not None
-            and not _peer_lost(s)
-        ]
+        failed = [s for s in self.workers if s.child is not None and s.child.returncode not in (0, None)]
+        reports = {id(s): records.Report.read(s.report_path) for s in failed}
+        own = [s for s in failed if reports[id(s)] is not None and not _peer_lost(s, reports[id(s)])]
         return min(own, key=_exited_at) if own else spawned
 
     def _worker_outcome(self, life: lifecycle.Life, spawned: _Spawned) -> Outcome:
@@ -410,7 +405,7 @@ class XGBoostPod(lifecycle.Pod):
         if report is not None and report.ending == "refused" and report.reason == Reasons.UNSUPPORTED_VERSION and error:
             # The runner refused the interpreter's xgboost before importing it (launcher/core/versions.py).
             return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {error}", cause)
-        if _peer_lost(spawned):
+        if _peer_lost(spawned, report):
             # Worded so launcher.core.job_outcome (PEER_LOSS_PATTERN) never takes this pod for the
             # job's root cause: xgboost's own words ("Encountered EOF. The other end is likely
             # closed.") say the same thing, but not in the pattern's.
@@ -439,11 +434,11 @@ def _made(value: _T | None, what: str) -> _T:
     return value
 
 
-def _peer_lost(spawned: _Spawned) -> bool:
-    report = records.Report.read(spawned.report_path)
+def _peer_lost(spawned: _Spawned, report: records.Report | None) -> bool:
+    """Whether the worker failed because a peer went away: as its ``report`` says, else (program
+    mode, or killed) as xgboost's last words do."""
     if report is not None:
         return report.ending == "peerLost"
-    # No report (program mode, or killed): what xgboost printed before the end.
     return bool(runner_module.PEER_LOSS.search("\n".join(_made(spawned.child, "a worker").tail)))
 
 
