@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, strategies as st
 from conftest import REPO
 
 from launcher.runner import report as records
@@ -94,3 +95,59 @@ def test_a_stop_key_holding_garbage_leaves_the_claimers_record_standing():
     keys.values[records.stop_key(0)] = "not json"
     mine = records.StopRecord(generation=0, rank=1, exit_code=1)
     assert records.claim(keys, mine) == (True, mine)
+
+
+# --- hostile input: what any peer or torn file may hold ----------------------------------------
+
+_FIELDS = ["ending", "exitCode", "rank", "localRank", "node", "signal", "at", "error", "where", "reason", "peer",
+           "stoppedBy", "ranks", "generation", "nodeRank", "outcome"]
+_LEAF = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12) | st.sampled_from(
+    [*records.ENDINGS, "SIGSEGV", "SIGNOPE"])
+_JSON = st.recursive(
+    _LEAF,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_FIELDS) | st.text(max_size=6), inner,
+                                                                max_size=6),
+    max_leaves=20)
+
+
+def _typed_stop(record: records.StopRecord) -> None:
+    assert type(record.generation) is int
+    assert all(v is None or type(v) is int for v in (record.node_rank, record.rank, record.local_rank))
+    assert record.exit_code is None or 0 <= record.exit_code <= 255
+    assert all(v is None or isinstance(v, str) for v in (record.node, record.signal, record.error))
+    assert record.outcome is None or isinstance(record.outcome, dict)
+    assert record.returncode is None or type(record.returncode) is int
+
+
+def _typed(report: records.Report) -> None:
+    assert report.ending in records.ENDINGS
+    assert all(v is None or type(v) is int for v in (report.rank, report.local_rank))
+    assert report.exit_code is None or 0 <= report.exit_code <= 255
+    assert report.at is None or type(report.at) in (int, float)
+    texts = (report.node, report.signal, report.error, report.where, report.reason, report.peer)
+    assert all(v is None or (isinstance(v, str) and len(v) <= records.TEXT_LIMIT) for v in texts)
+    assert report.returncode is None or type(report.returncode) is int
+    if report.stopped_by is not None:
+        _typed_stop(report.stopped_by)
+    for each in report.ranks:
+        _typed(each)
+        assert each.ranks == ()  # one level: a rank runs no ranks of its own
+
+
+@given(_JSON)
+def test_any_decoded_report_is_a_typed_report_or_nothing(value):
+    """What the launcher reads from a runner's file or a rank's line, whatever it holds: a report
+    whose every field has its type, or None; never an exception."""
+    report = records.Report.parse(value)
+    if report is not None:
+        _typed(report)
+
+
+@given(_JSON | st.text(max_size=40) | st.binary(max_size=40))
+def test_any_stop_key_value_is_a_typed_record_or_nothing(value):
+    """What a peer, or a stranger, left under the stop key: a typed record, or None."""
+    if isinstance(value, (dict, list, int, float, bool, type(None))) and not isinstance(value, str):
+        value = json.dumps(value)
+    record = records.StopRecord.parse(value)
+    if record is not None:
+        _typed_stop(record)
