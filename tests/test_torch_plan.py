@@ -47,7 +47,7 @@ def make_plan(monkeypatch):
     """Plan with exactly ``env`` (no other PET_*), as ``trainer-launcher torch -- *args`` would."""
 
     def make(env: dict[str, str] | None = None, args: tuple[str, ...] = ("train.py",),
-             facts: HostFacts | None = None, keep_nproc: bool = False) -> TorchPlan:
+             facts: HostFacts | None = None, keep_nproc: bool = False, generation: int = 0) -> TorchPlan:
         for name in list(os.environ):
             if name.startswith("PET_") or name == "JOB_COMPLETION_INDEX":
                 monkeypatch.delenv(name)
@@ -59,7 +59,7 @@ def make_plan(monkeypatch):
             name: source for name in TorchSettings.model_fields
             if (source := settings.source_of(TorchSettings, name, run.overrides))
         }
-        return plan_torch(torch, facts or host(), run, sources, keep_nproc=keep_nproc)
+        return plan_torch(torch, facts or host(), run, sources, keep_nproc=keep_nproc, generation=generation)
 
     return make
 
@@ -126,9 +126,13 @@ def test_pet_standalone_wins_over_a_master_address(make_plan):
     assert plan.wait == Wait()
 
 
-def test_max_restarts_is_passed_to_static_rendezvous_only_when_set(make_plan):
-    assert "--max-restarts" not in make_plan(trainer_env(2, 1)).argv
-    assert value_of(make_plan({**trainer_env(2, 1), "PET_MAX_RESTARTS": "3"}), "--max-restarts") == "3"
+def test_a_fixed_size_jobs_max_restarts_are_the_launchers_and_torchrun_restarts_nothing_alone(make_plan):
+    assert make_plan(trainer_env(2, 1)).max_restarts is None
+    for given in ({"PET_MAX_RESTARTS": "3"}, {}):
+        args = ("--max-restarts", "3", "t.py") if not given else ("t.py",)
+        plan = make_plan({**trainer_env(2, 1), **given}, args=args)
+        assert "--max-restarts" not in plan.argv
+        assert plan.max_restarts == 3
 
 
 # --- processes per node -------------------------------------------------------------------------
@@ -438,7 +442,10 @@ def test_one_node_with_only_a_master_port_is_static_on_torchruns_default_address
 def test_pet_max_restarts_rdzv_id_and_conf_reach_torchrun_in_every_mode(make_plan, env):
     plan = make_plan({**env, "PET_MAX_RESTARTS": "3", "PET_RDZV_ID": "run-7", "PET_RDZV_CONF": "join_timeout=900"})
 
-    assert value_of(plan, "--max-restarts") == "3"
+    if ":" in env.get("PET_NNODES", ""):  # elastic: torchrun's restarts are its new rendezvous
+        assert value_of(plan, "--max-restarts") == "3"
+    else:  # the launcher's, on every node at once
+        assert "--max-restarts" not in plan.argv and plan.max_restarts == 3
     assert value_of(plan, "--rdzv-id") == "run-7"  # torchrun also names its log directory after it
     assert value_of(plan, "--rdzv-conf") == "join_timeout=900"
 
@@ -655,3 +662,42 @@ def test_legacy_launch_refuses_no_python_without_use_env_as_the_module_does():
     with pytest.raises(ConfigError, match="--no-python=True: expected --use-env with it"):
         legacy_launch.read(["--no-python", "./run.sh"])
     assert legacy_launch.read(["--no-python", "--use-env", "./run.sh"]).use_env
+
+
+# --- restarts in place ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, args, flag, first",
+    [
+        pytest.param(trainer_env(2, 1), ("t.py",), "--master-port", "29500", id="static"),
+        pytest.param(trainer_env(2, 1), ("--master-port", "2000", "t.py"), "--master-port", "2000", id="typed-port"),
+        pytest.param({**trainer_env(2, 1), "PET_RDZV_BACKEND": "c10d"}, ("t.py",), "--rdzv-endpoint",
+                     "tj-node-0-0.tj:29500", id="c10d"),
+        pytest.param({**trainer_env(2, 1), "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "rdzv-host"}, ("t.py",),
+                     "--rdzv-endpoint", "rdzv-host", id="c10d-default-port"),
+    ],
+)
+def test_each_generation_meets_at_a_store_of_its_own_and_waits_for_it(make_plan, env, args, flag, first):
+    """A restart in place must never join the last generation's store, which may still be serving
+    the nodes that leave it: generation g's store listens g ports above the first one's."""
+    plans = [make_plan(env, args=args, generation=g) for g in (0, 1, 2)]
+    assert value_of(plans[0], flag) == first
+    ports = [plan.wait.store[1] for plan in plans]
+    assert ports[1] == ports[0] + 1 and ports[2] == ports[0] + 2
+    assert [plan.wait.connect[1] for plan in plans] == ports  # node 1 waits for this generation's store
+    assert value_of(plans[2], flag).rpartition(":")[2] == str(ports[2])
+    assert all("--max-restarts" not in plan.argv for plan in plans)
+
+
+def test_an_etcd_rendezvous_gets_a_new_id_per_generation_not_a_new_port(make_plan):
+    env = {**trainer_env(2, 1), "PET_RDZV_BACKEND": "etcd-v2", "PET_RDZV_ENDPOINT": "etcd.example:2379",
+           "PET_RDZV_ID": "job"}
+    plan = make_plan(env, generation=2)
+    assert value_of(plan, "--rdzv-endpoint") == "etcd.example:2379"
+    assert value_of(plan, "--rdzv-id") == "job-2"
+
+
+def test_a_port_without_room_for_the_restarts_is_one_line_naming_it(make_plan):
+    with pytest.raises(ConfigError, match=r"PET_MASTER_PORT='65535': expected a port with room for 1 restarts"):
+        make_plan({**trainer_env(2, 1), "PET_MASTER_PORT": "65535"}, generation=1)

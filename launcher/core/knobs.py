@@ -48,6 +48,12 @@ KNOBS: dict[str, Knob] = {
         "--retryable-pattern",
         "a regex: failures whose output matches it (or the built-in NCCL/ECC/Xid patterns) exit 138",
     ),
+    "max_restarts": Knob(
+        "LAUNCHER_MAX_RESTARTS",
+        "--max-restarts",
+        "restart every pod's processes in place, at most this many times, when the job fails "
+        "retryably (torchrun's --max-restarts and PET_MAX_RESTARTS mean the same); default 0",
+    ),
     "log_format": Knob("LAUNCHER_LOG_FORMAT", "--log-format", "the launcher's own log lines: text or json"),
     "keep_nproc": Knob(
         "LAUNCHER_KEEP_NPROC",

@@ -47,6 +47,10 @@ class JobWatch(Protocol):
     def rank_env(self) -> dict[str, str]:
         """The variables the job's processes need to report to the watch."""
 
+    def restarted(self, generation: int) -> None:
+        """The job's processes start again in place (``generation``: how many restarts so far):
+        the status carries the count, and a hang is looked for afresh."""
+
     def done(self) -> None:
         """The job's processes are gone: stop watching them (the final status goes out on delivery)."""
 
@@ -87,6 +91,9 @@ class Planned:
     summary: str  # the plan's one log line ("": none)
     sends: bool = False  # this pod reports the job to the status server (one sender per job)
     watch: dict = field(default_factory=dict)  # more for the status watch (launcher.status.monitor.start)
+    # The framework's own word for LAUNCHER_MAX_RESTARTS (torchrun's --max-restarts), when the
+    # launcher's knob is left at 0; None: it has none.
+    max_restarts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +182,11 @@ class Life:
         self.watch: JobWatch | None = None
         self.watched: dict[str, str] = {}  # the watch's variables for the job's processes
         self.interrupted = False  # the wait was cut short by a signal or an early exit
-        self.deadline = 0.0  # of the wait for the peers (monotonic), set as the job starts
+        self.deadline = 0.0  # of the wait for the peers (monotonic), set as each generation starts
+        # Which start of the job's processes this is: 0, then one more at each restart in place.
+        self.generation = 0
+        self.history: list[Outcome] = []  # how each earlier generation ended
+        self.max_restarts = 0  # LAUNCHER_MAX_RESTARTS, or the framework's word for it (Planned)
         # The container's memory cgroup before the job: the judge compares the kernel's OOM count.
         self.memory = memory.read()
         self._pipes: list[GoPipe | Listen] = []
@@ -205,9 +216,14 @@ class Life:
 
     def runner_env(self) -> dict[str, str]:
         """What a runner (launcher/runner/) gets with its go word beside the plan's: the watch's
-        variables, and ``--allow-untested-versions``, since its version gate reads only the variable."""
+        variables, the restart count, and ``--allow-untested-versions``, since its version gate
+        reads only the variable."""
         allowed = self._launcher is not None and self._launcher.allow_untested_versions
-        return {**self.watched, **({"LAUNCHER_ALLOW_UNTESTED_VERSIONS": "1"} if allowed else {})}
+        return {
+            **self.watched,
+            **restart_env(self.generation),
+            **({"LAUNCHER_ALLOW_UNTESTED_VERSIONS": "1"} if allowed else {}),
+        }
 
     def go_pipe(self) -> GoPipe:
         pipe = GoPipe()
@@ -260,6 +276,11 @@ class Life:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def restart_env(generation: int) -> dict[str, str]:
+    """What the job's processes read to know which start in place of the job they are."""
+    return {"LAUNCHER_RESTART_COUNT": str(generation)}
+
+
 class Pod:
     """A framework's part of the pod's life. Only :meth:`plan` and :meth:`judge` must be given."""
 
@@ -310,6 +331,16 @@ class Pod:
         """Settle with the other pods: the job's outcome as this pod reports it."""
         return own
 
+    # Whether this framework starts its processes again in place (LAUNCHER_MAX_RESTARTS). Every
+    # pod of the job ends a generation with the same outcome (conclude), so all of them restart, or
+    # none; what the next generation needs afresh (ports, store keys, processes) follows from
+    # ``life.generation``.
+    restarts_in_place = False
+
+    def restart(self, life: Life) -> None:
+        """Every process of the last generation is gone: get ready for ``life.generation``, whose
+        :meth:`start`, wait and :meth:`go` come next, as the first one's did."""
+
 
 def live(
     pod: Pod,
@@ -342,6 +373,7 @@ def _walk(
     supervisor.evidence = evidence_regex(launcher.retryable_pattern)
     try:
         life.planned = planned = pod.plan(life)
+        life.max_restarts = _max_restarts(pod, life, planned)
         if export is not None:
             export.check(life)
     except LauncherError as error:
@@ -355,8 +387,23 @@ def _walk(
         life.watch = start_watch(life)
         if life.watch is not None:
             life.watched = life.watch.rank_env()
+    outcome, ran = _generation(pod, life)
+    while ran and _restart_due(life, outcome):
+        _restart(pod, life, outcome)
+        outcome, ran = _generation(pod, life)
+    if life.history:
+        outcome = outcome.with_extra(restarts=restart_history(life.history))
+    return export.after(life, outcome) if export is not None else outcome
+
+
+def _generation(pod: Pod, life: Life) -> tuple[Outcome, bool]:
+    """One start of the job's processes, to its outcome: start, wait for the peers, go, serve,
+    judge, conclude. Also says whether the processes ran (False: the wait for the peers failed)."""
+    from launcher.core.outcome import LauncherError
+
+    supervisor = life.supervisor
     try:
-        life.deadline = time.monotonic() + launcher.rendezvous_timeout
+        life.deadline = time.monotonic() + life.launcher.rendezvous_timeout
         pod.start(life)
         awaited = pod.awaits(life)
         if awaited is not None:
@@ -369,17 +416,82 @@ def _walk(
         life.stop_waiting()
         supervisor.kill_all()
         supervisor.run()
-        return pod.wait_failed(life, error)
+        return pod.wait_failed(life, error), False
     if not life.interrupted and not life.stopping():
         pod.go(life)
     pod.serve(life)
-    if life.watch is not None:
+    last = not _may_restart(life)
+    if life.watch is not None and last:
         life.watch.done()
     own = pod.judge(life)
     if life.watch is not None and life.watch.hang is not None:
         own = life.watch.hang  # the watch ended the job as hung: the exits are its teardown
-    outcome = pod.conclude(life, own)
-    return export.after(life, outcome) if export is not None else outcome
+    return pod.conclude(life, own), True
+
+
+def _max_restarts(pod: Pod, life: Life, planned: Planned) -> int:
+    """LAUNCHER_MAX_RESTARTS, or where it is 0 the framework's own word for it; refused (a bad
+    value, exit 2) by a framework that cannot restart in place."""
+    from launcher.core.outcome import ConfigError
+
+    count = life.launcher.max_restarts or planned.max_restarts or 0
+    if count and not pod.restarts_in_place:
+        given = life.overrides.get("max_restarts")
+        name = given.source if given is not None else "LAUNCHER_MAX_RESTARTS"
+        raise ConfigError(name, str(count), f"0: {pod.name} jobs do not restart in place yet")
+    return count
+
+
+def _may_restart(life: Life) -> bool:
+    """Restarts are left and nobody asked the pod to stop (a signal: Kubernetes is ending it)."""
+    return life.generation < life.max_restarts and life.supervisor.received_signal is None
+
+
+def _restart_due(life: Life, outcome: Outcome) -> bool:
+    """The job failed retryably (the one table says so) and may start again in place."""
+    from launcher.core.reasons import is_retryable
+
+    codes = life.launcher.retryable_exit_codes
+    return outcome.exit_code != 0 and is_retryable(outcome.exit_code, codes) and _may_restart(life)
+
+
+def _restart(pod: Pod, life: Life, outcome: Outcome) -> None:
+    """Every pod came to the same retryable outcome: start generation + 1 in place."""
+    from launcher.core import log
+
+    life.history.append(outcome)
+    life.generation += 1
+    life.interrupted = False
+    cause = outcome.root_cause
+    where = cause.node if cause is not None and cause.node else life.node
+    if cause is not None and cause.rank is not None:
+        where = f"rank {cause.rank} on {where}"
+    log.warning(
+        f"restart {life.generation} of {life.max_restarts}: the job failed retryably "
+        f"({outcome.reason}, exit {outcome.exit_code}, {where}): {outcome.message}; "
+        "starting every process again in place"
+    )
+    life.supervisor.next_generation()
+    if life.watch is not None:
+        if life.watch.hang is not None:
+            life.watch.hang = None
+        life.watch.restarted(life.generation)
+    pod.restart(life)
+
+
+# The termination message keeps the last this many generations' causes (it holds 4096 bytes).
+HISTORY_KEPT = 8
+
+
+def restart_history(history: list[Outcome]) -> list[dict]:
+    """Each earlier generation's ending, oldest first, for the termination message."""
+    kept = []
+    for generation, outcome in list(enumerate(history))[-HISTORY_KEPT:]:
+        entry: dict = {"generation": generation, "reason": outcome.reason, "exitCode": outcome.exit_code}
+        if outcome.root_cause is not None:
+            entry["rootCause"] = outcome.root_cause.to_json()
+        kept.append(entry)
+    return kept
 
 
 def _await(life: Life, awaited: Awaited) -> None:

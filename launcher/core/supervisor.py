@@ -230,6 +230,17 @@ class Supervisor:
             self._selector.register(stream.fd, selectors.EVENT_READ, stream)
         return child
 
+    def next_generation(self) -> None:
+        """Every child has exited: forget them, their failure and the teardown, so the job's
+        processes can start again in place (launcher.core.lifecycle). A signal received stays."""
+        if any(c.returncode is None for c in self.children):
+            raise RuntimeError("a new generation starts while a child of the last one lives")
+        self.children, self.exits = [], []
+        self._by_pid.clear()
+        self.first_failure = None
+        self.teardown_started = None
+        self._killed = False
+
     def watch(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` from the loop whenever ``fd`` is readable (until ``unwatch``)."""
         self._selector.register(fd, selectors.EVENT_READ, callback)

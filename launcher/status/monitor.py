@@ -90,6 +90,7 @@ class Monitor:
                     "a hang shows only this pod's ranks"
                 )
         self.hang: Outcome | None = None
+        self.restarts = 0  # restarts in place so far (launcher.core.lifecycle)
         # How a hang's stacks are taken: this pod's ranks, unless the job can ask every node
         # (a framework whose agents talk to each other replaces it). The taker logs what it takes.
         self.take_stacks: Callable[[], list] = self._local_stacks
@@ -134,6 +135,16 @@ class Monitor:
     def overrule(self, outcome: Outcome) -> Outcome:
         """The job's outcome, unless we ended it as hung: then the ranks' exits are our teardown."""
         return self.hang if self.hang is not None else outcome
+
+    def restarted(self, generation: int) -> None:
+        """The job's processes start again in place: the status says how often, and a hang is
+        looked for as in a new job (its startup limit from now)."""
+        now = time.monotonic()
+        self.restarts = generation
+        self.tracker.restarted()
+        if self.watch is not None:
+            self.watch.started_at = now
+        self._changed = True
 
     def done(self) -> None:
         """The job's processes are gone: stop listening to them. The final status still goes out
@@ -251,6 +262,8 @@ class Monitor:
 
         percent, eta = self.tracker.percent(), self.tracker.eta(now)
         metrics = [*extra, *self.tracker.metrics()]
+        if self.restarts:
+            metrics.append(("restarts", str(self.restarts)))
         if outcome is not None:
             if outcome.exit_code == 0:
                 percent, eta = 100, 0

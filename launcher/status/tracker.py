@@ -55,6 +55,15 @@ class Tracker:
             if name in self._metrics or len(self._metrics) < self.max_metrics:
                 self._metrics[name] = value
 
+    def restarted(self) -> None:
+        """The job's processes start again in place: they have reported nothing yet (a hang is
+        timed from their start again, and each rank's last step is forgotten). The job's step and
+        metrics stay until the new processes report theirs."""
+        self.first_progress_at = self.progressed_at = None
+        self.ranks.clear()
+        self._lead_rank = None
+        self._points.clear()
+
     def _step(self, step: int, now: float) -> None:
         if self.step is not None and step < self.step:
             self._points.clear()  # restarted (from a checkpoint, or a new bar): a new rate

@@ -39,6 +39,7 @@ def _write_json(path: str, data: object) -> None:
 
 
 _AGENT_PID = os.getpid()
+RESTART_COUNT = "LAUNCHER_RESTART_COUNT"  # launcher.core.lifecycle.restart_env
 
 
 def _bound_to_agent() -> None:
@@ -90,13 +91,11 @@ def _recorded_message(failure) -> str | None:
     return str(message) if message else None
 
 
-def _stop_record(failures: dict) -> records.StopRecord:
+def _stop_record(failures: dict, generation: int) -> records.StopRecord:
     """The job's stop record for this node's ranks' failure (Peers.publish_stop adds where)."""
-    from launcher.torch.peers import GENERATION
-
     root = _first(_rank_reports(failures)) if failures else {}
     return records.StopRecord(
-        generation=GENERATION,
+        generation=generation,
         rank=root.get("rank"),
         local_rank=root.get("localRank"),
         exit_code=root.get("exitCode"),
@@ -156,7 +155,8 @@ class Agent:
             torchrun.main(args)
         except ChildFailedError as error:
             if self.peers is not None:
-                self.peers.publish_stop(_stop_record(error.failures))  # a no-op if the hook did it
+                generation = self.peers.config.generation
+                self.peers.publish_stop(_stop_record(error.failures, generation))  # a no-op if the hook did it
             # Ranks that failed on their own stay this node's failure, though another node published
             # first (the job's root cause is settled between the nodes: launcher.core.job_outcome);
             # ranks that failed as we stopped them for a peer are that peer's victims.
@@ -289,7 +289,9 @@ def _run(agent: Agent) -> int:
     compat.stop_within_grace(_shutdown_timeout(agent.grace))
     compat.terminate_once()
     _prepare_dump_dir()
-    if not compat.bind_workers(agent.workers, _bound_to_agent):
+    # A restart in place is the launcher's (torchrun's own count is always 0): the ranks see its count.
+    restarts = {"TORCHELASTIC_RESTART_COUNT": os.environ[RESTART_COUNT]} if RESTART_COUNT in os.environ else None
+    if not compat.bind_workers(agent.workers, _bound_to_agent, restarts):
         agent.find_workers = compat.child_processes
     if plan.get("peers"):
         from launcher.torch.peers import PeerConfig, Peers
@@ -298,7 +300,7 @@ def _run(agent: Agent) -> int:
         if config is None:  # None only for no peers, and the plan has some
             raise ValueError(f"the plan's peers are not a peer configuration: {plan['peers']!r}")
         peers = agent.peers = Peers(config, agent.on_peer_stop, _dump_local_stacks)
-        compat.publish_final_failures(lambda failures: peers.publish_stop(_stop_record(failures)))
+        compat.publish_final_failures(lambda failures: peers.publish_stop(_stop_record(failures, config.generation)))
 
         # On the node serving the job's store, the server lives as long as torchrun's store
         # object: held here, until the other nodes are done with it (Peers.conclude). The

@@ -53,10 +53,11 @@ def torch_version() -> str:
 # --- the agent's hooks ---------------------------------------------------------------------------
 
 
-def bind_workers(workers: list, in_child) -> bool:
-    """Run ``in_child`` in every rank before it execs (PR_SET_PDEATHSIG) and append each rank's
-    Popen to ``workers``. False (and said once) where torch's subprocess handler has neither
-    layout; the caller then finds its ranks another way (:func:`child_processes`)."""
+def bind_workers(workers: list, in_child, env: dict[str, str] | None = None) -> bool:
+    """Run ``in_child`` in every rank before it execs (PR_SET_PDEATHSIG), give it ``env`` over what
+    torchrun gives it, and append each rank's Popen to ``workers``. False (and said once) where
+    torch's subprocess handler has neither layout; the caller then finds its ranks another way
+    (:func:`child_processes`)."""
     try:
         from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler as module
     except ImportError:
@@ -81,6 +82,8 @@ def bind_workers(workers: list, in_child) -> bool:
 
     def popen(*args, **kwargs):
         kwargs.setdefault("preexec_fn", in_child)
+        if env and kwargs.get("env") is not None:
+            kwargs["env"] = {**kwargs["env"], **env}
         process = real(*args, **kwargs)
         workers.append(process)
         return process

@@ -48,11 +48,12 @@ _RENDEZVOUS_ERRORS = ("Rendezvous", "DistStoreError", "DistNetworkError", "Timeo
 
 
 def make_plan(
-    rest: list[str], require_program: bool = True, launcher: LauncherSettings | None = None
+    rest: list[str], require_program: bool = True, launcher: LauncherSettings | None = None, generation: int = 0
 ) -> tuple[TorchPlan, HostFacts]:
     """Read and validate the environment and the torchrun flags after ``--``; plan the run.
     ``launcher``: the loaded knobs, flags included (None: their defaults). What the plan changed
-    on its own (fewer accelerators than PET_NPROC_PER_NODE) is logged here."""
+    on its own (fewer accelerators than PET_NPROC_PER_NODE) is logged here, once: not again for a
+    later ``generation`` (a restart in place)."""
     from launcher.core import log, settings, versions
     from launcher.core.devices import probe_host
     from launcher.core.settings import HostEnv
@@ -71,9 +72,15 @@ def make_plan(
     if not require_program and not run.program:
         run = type(run)(run.given, ("SCRIPT",))
     plan = plan_torch(
-        torch, host, run, sources, keep_nproc=launcher is not None and launcher.keep_nproc, user_env=settings.environ()
+        torch,
+        host,
+        run,
+        sources,
+        keep_nproc=launcher is not None and launcher.keep_nproc,
+        user_env=settings.environ(),
+        generation=generation,
     )
-    for warning in plan.warnings:
+    for warning in plan.warnings if not generation else ():
         log.warning(warning)
     return plan, host
 
@@ -107,6 +114,10 @@ class TorchPod(lifecycle.Pod):
 
     def start_early(self, life: lifecycle.Life) -> None:
         self.life = life
+        self._spawn_agent(life)
+
+    def _spawn_agent(self, life: lifecycle.Life) -> None:
+        """This generation's agent (launcher.torch.agent), with its control and status pipes."""
         self.control = life.go_pipe()
         self.status = life.listen(self._on_report, 64)
         self.agent = life.spawn(
@@ -120,33 +131,51 @@ class TorchPod(lifecycle.Pod):
                 "--status-fd",
                 str(self.status.child_fd),
                 "--report",
-                life.path("report.json"),
+                self._path(life, "report"),
                 "--job",
-                life.path("job.json"),
+                self._path(life, "job"),
             ],
             pipes=(self.control, self.status),
         )
+        self.verdict = None
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
         plan, host = make_plan(self.rest, launcher=life.launcher)
-        return lifecycle.Planned(plan, host.hostname, _summary(plan), sends=plan.node_rank == 0)
+        return lifecycle.Planned(
+            plan, host.hostname, _summary(plan), sends=plan.node_rank == 0, max_restarts=plan.max_restarts
+        )
+
+    restarts_in_place = True
+
+    def restart(self, life: lifecycle.Life) -> None:
+        """A new agent, and the plan of this generation: its store on ports of its own."""
+        plan, _ = make_plan(self.rest, launcher=life.launcher, generation=life.generation)
+        if life.planned is not None:
+            life.planned = replace(life.planned, plan=plan)
+        self._spawn_agent(life)
 
     def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
         return lifecycle.Awaited(resolve=life.plan.wait.resolve, connect=life.plan.wait.connect)
 
     def go(self, life: lifecycle.Life) -> None:
         plan, monitor = life.plan, life.watch
-        peers = _peers(plan, life.node, life.launcher.grace_period)
+        peers = _peers(plan, life.node, life.launcher.grace_period, life.generation)
         if peers is not None and monitor is not None and monitor.watch is not None:
             # On a hang, every node's stacks, through the agents (launcher.torch.peers).
-            peers["dumpRequest"] = life.path("dump-stacks")
+            peers["dumpRequest"] = life.path(f"dump-stacks-{life.generation}")
             monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], life.supervisor)
         entry = {"entry": self.entry} if self.entry else {}
         self.control.send(
             {
                 "args": self.agent_args(plan),
                 **entry,
-                "env": {**plan.env_set, **self.extra_env, **life.watched, **rank_end.rank_env(life.watched)},
+                "env": {
+                    **plan.env_set,
+                    **self.extra_env,
+                    **life.watched,
+                    **rank_end.rank_env(life.watched),
+                    **lifecycle.restart_env(life.generation),
+                },
                 "unset": list(plan.env_unset),
                 "grace": life.launcher.grace_period,
                 "peers": peers,
@@ -174,7 +203,7 @@ class TorchPod(lifecycle.Pod):
         return torch_outcome(
             life.supervisor,
             self.agent,
-            records.Report.read(life.path("report.json")),
+            records.Report.read(self._path(life, "report")),
             life.launcher.retryable_exit_codes,
             life.node,
             life.plan.nnodes == "1",
@@ -185,8 +214,13 @@ class TorchPod(lifecycle.Pod):
     def judge(self, life: lifecycle.Life) -> Outcome:
         return self.verdict or self._own(life)
 
+    @staticmethod
+    def _path(life: lifecycle.Life, name: str) -> str:
+        """This generation's file ``name`` (the agent's report, the nodes' outcomes)."""
+        return life.path(f"{name}-{life.generation}.json" if life.generation else f"{name}.json")
+
     def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
-        nodes = [_node_outcome(summary) for summary in _read_json(life.path("job.json"), [])]
+        nodes = [_node_outcome(summary) for summary in _read_json(self._path(life, "job"), [])]
         nnodes = int(life.plan.nnodes) if life.plan.nnodes.isdigit() else None
         return job_outcome(
             own, life.plan.node_rank, life.node, nodes, nnodes, lambda: self._own(life, peer_vanished=False)
@@ -220,7 +254,7 @@ def _stacks_of_every_node(request: str, supervisor: Supervisor) -> list:
     ]
 
 
-def _peers(plan: TorchPlan, node: str, grace: float) -> dict | None:
+def _peers(plan: TorchPlan, node: str, grace: float, generation: int) -> dict | None:
     """Where the agents of a fixed-size multi-node job meet (launcher.torch.peers): the store
     torchrun's rendezvous serves. Not for elastic jobs, where a node may leave and the rest go on,
     nor without a node rank per node to tell the nodes apart."""
@@ -235,6 +269,7 @@ def _peers(plan: TorchPlan, node: str, grace: float) -> dict | None:
         "nodeRank": plan.node_rank,
         "node": node,
         "linger": grace + PEER_LINGER,
+        "generation": generation,
     }
 
 

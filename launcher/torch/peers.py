@@ -43,8 +43,6 @@ from datetime import timedelta
 from launcher.runner import report as records
 
 PREFIX = "trainer-launcher/"
-GENERATION = 0  # which start of the job this is: one, until restarts in place exist
-STOP = records.stop_key(GENERATION)
 DEPARTED = PREFIX + "departed"
 ALL_DEPARTED = PREFIX + "all-departed"
 CONNECT_TIMEOUT = 5.0
@@ -91,6 +89,7 @@ class PeerConfig:
     # The launcher asks for every node's stacks by creating this file; the answer (every node's
     # top frames, JSON) appears atomically at dump_request + ".done". None: no hang detection.
     dump_request: str | None = None
+    generation: int = 0  # which start in place of the job this is (its stop record's key)
 
     @classmethod
     def from_json(cls, data: dict | None) -> PeerConfig | None:
@@ -104,6 +103,7 @@ class PeerConfig:
             data["node"],
             float(data["linger"]),
             data.get("dumpRequest"),
+            int(data.get("generation", 0)),
         )
 
 
@@ -215,8 +215,11 @@ class Peers:
         while record is None and lost is None and not self._finished.wait(POLL):
             try:
                 self._stacks(store)
-                if store.check([STOP]):
-                    record = records.StopRecord.parse(store.get(STOP).decode())
+                stop = records.stop_key(self.config.generation)
+                if store.check([stop]):
+                    record = records.StopRecord.parse(store.get(stop).decode())
+                    if record is not None and record.generation != self.config.generation:
+                        record = None  # an older generation's: not this one's stop
             except Exception:  # noqa: BLE001 - the store's host went away before anyone published a stop record
                 lost = f"{self.config.host}:{self.config.port}"
         self._watcher_idle.set()  # done with the store: conclude may say so for this node

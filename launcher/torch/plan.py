@@ -115,6 +115,8 @@ class TorchPlan:
     wait: Wait
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()  # what the launcher changed that a user should hear about
+    # torchrun's --max-restarts, where the launcher restarts in place (a job of a fixed size)
+    max_restarts: int | None = None
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -223,10 +225,13 @@ def plan_torch(
     sources: dict[str, str],
     keep_nproc: bool = False,
     user_env: Mapping[str, str] | None = None,
+    generation: int = 0,
 ) -> TorchPlan:
     """``sources`` maps a setting to the flag or variable that gave it (absent: the default).
     ``user_env``: the environment torchrun will inherit, for the settings the plan leaves to the
-    user when set (None: unknown, so the plan sets none of them)."""
+    user when set (None: unknown, so the plan sets none of them). ``generation``: which start in
+    place of the job this plans (launcher.core.lifecycle), each with a store of its own."""
+    torch = for_generation(torch, sources, generation)
     min_nodes, max_nodes = torch.nnodes
     nnodes = str(min_nodes) if min_nodes == max_nodes else f"{min_nodes}:{max_nodes}"
     nproc_name = sources.get("nproc_per_node", "default")
@@ -250,11 +255,17 @@ def plan_torch(
     fill: dict[str, str | bool] = {"nnodes": nnodes, "nproc_per_node": str(nproc), **rendezvous.fill}
     if rendezvous.mode == "standalone":
         fill["nnodes"] = "1"  # each node its own job: a standalone store never admits a second node
-    for dest in ("rdzv_id", "rdzv_conf", "max_restarts"):  # set anywhere: torchrun must still see them
+    # A job of a fixed size restarts in place through the launcher, every node at once; torchrun
+    # restarts nothing on its own there. An elastic one keeps torchrun's restarts: each is a new
+    # rendezvous that nodes may join or leave.
+    elastic = min_nodes != max_nodes
+    for dest in ("rdzv_id", "rdzv_conf", *(("max_restarts",) if elastic else ())):  # set anywhere
         value = getattr(torch, dest)
         if value is not None:
             fill[dest] = str(value)
-    typed = dict(run.given)
+    # A later generation's store is elsewhere: the plan writes where, whatever the user typed.
+    dropped = (*(() if elastic else ("max_restarts",)), *(_MOVED if generation else ()))
+    typed = {dest: given for dest, given in run.given.items() if dest not in dropped}
     if "nproc_per_node" in typed:  # a count torchrun reads the same; auto/cpu/gpu resolved as above
         typed["nproc_per_node"] = Given(str(nproc), typed["nproc_per_node"].option)
     planned = {**fill, **{dest: t for dest, t in typed.items() if dest in OWNED}}
@@ -289,7 +300,38 @@ def plan_torch(
         wait=rendezvous.wait,
         sources=shown,
         warnings=(nproc_note,) if nproc_note else (),
+        max_restarts=None if elastic else torch.max_restarts,
     )
+
+
+# Where a generation's store is: what a restart in place moves.
+_MOVED = ("master_port", "rdzv_endpoint", "rdzv_id")
+
+
+def for_generation(torch: TorchSettings, sources: dict[str, str], generation: int) -> TorchSettings:
+    """The settings of the job's ``generation``-th start in place. Its store listens ``generation``
+    ports above the first one's (the last generation's may still be serving the nodes that are
+    leaving it, and a node must never join the old one); an etcd rendezvous, whose server is not
+    ours, gets a new id instead."""
+    if not generation:
+        return torch
+    port_name = _name(sources, "master_port", "PET_MASTER_PORT")
+    update: dict = {"master_port": _port(torch.master_port, generation, port_name)}
+    backend = torch.rdzv_backend or ""
+    if backend.startswith("etcd"):
+        update["rdzv_id"] = f"{torch.rdzv_id or DEFAULT_RDZV_ID}-{generation}"
+    elif torch.rdzv_endpoint is not None:
+        host, port = torch_endpoint(torch.rdzv_endpoint, C10D_DEFAULT_PORT)
+        name = _name(sources, "rdzv_endpoint", "PET_RDZV_ENDPOINT")
+        if port is not None and port > 0:
+            update["rdzv_endpoint"] = f"{_bracketed(host)}:{_port(port, generation, name)}"
+    return torch.model_copy(update=update)
+
+
+def _port(port: int, generation: int, name: str) -> int:
+    if port + generation > 65535:
+        raise ConfigError(name, str(port), f"a port with room for {generation} restarts above it (up to 65535)")
+    return port + generation
 
 
 def flight_recorder_env(user_env: Mapping[str, str], directory: str) -> dict[str, str]:
