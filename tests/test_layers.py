@@ -92,7 +92,7 @@ def _imports(module: str, path: Path) -> list[tuple[int, str]]:
 # ranks' hooks. What these load by path, at any depth, runs there too.
 IN_THE_USERS_INTERPRETER = (
     "runner/program.py", "runner/hook/*.py", "torch/hook/*.py",
-    "jax/run.py", "xgboost/run.py", "torch/accelerate_run.py",
+    "jax/run.py", "xgboost/run.py", "torch/accelerate_run.py", "torch/standby.py",
 )
 # The Python those files must run on at the oldest (ruff.toml's per-file-target-version): the
 # runners need 3.10's library, and the hooks, which run in every interpreter a rank starts, 3.8.

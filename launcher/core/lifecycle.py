@@ -243,11 +243,13 @@ class Life:
         pipes: tuple[GoPipe | Listen, ...] = (),
         keep: tuple[GoPipe | Listen, ...] = (),
         transform: Callable[[str], str] | None = None,
+        standby: bool = False,
     ) -> Child:
         """Start ``argv`` under the supervisor with ``pipes`` (and ``keep``) as its own; ``pipes``
-        are handed over, ``keep`` stay ours to pass to more children."""
+        are handed over, ``keep`` stay ours to pass to more children. ``standby``: it waits for the
+        job's next generation (Supervisor.spawn)."""
         fds = tuple(pipe.child_fd for pipe in (*pipes, *keep))
-        child = self.supervisor.spawn(name, argv, env, pass_fds=fds, transform=transform)
+        child = self.supervisor.spawn(name, argv, env, pass_fds=fds, transform=transform, standby=standby)
         for pipe in pipes:
             pipe.handed()
         return child

@@ -73,6 +73,9 @@ class Child:
     marks: deque = field(default_factory=lambda: deque(maxlen=MARKS))  # every such line, the latest
     primary: bool = False  # its exit, success or not, ends the job (daemons like sshd are not)
     released: bool = False  # sent away before its go word: its leaving with 0 interrupts nothing
+    # Started ahead for the job's next generation (a restart in place): no part of this one's job,
+    # neither waited for, signalled nor torn down with it, until next_generation adopts it.
+    standby: bool = False
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
     @property
@@ -172,6 +175,8 @@ class Supervisor:
 
     def __exit__(self, *exc) -> None:
         if any(c.returncode is None for c in self.children):
+            for child in self.children:
+                child.standby = False  # nothing stands by any more
             self.kill_all()
             self.run()
         signal.set_wakeup_fd(self._saved_wakeup)
@@ -191,9 +196,11 @@ class Supervisor:
         pass_fds: tuple[int, ...] = (),
         transform: Callable[[str], str] | None = None,
         primary: bool = False,
+        standby: bool = False,
     ) -> Child:
         """Start ``argv`` in its own process group, dying with us, its output relayed. When a
-        ``primary`` child exits, everything else is torn down."""
+        ``primary`` child exits, everything else is torn down. A ``standby`` child waits for the
+        job's next generation (:attr:`Child.standby`)."""
         parent = os.getpid()
 
         def in_child() -> None:
@@ -216,7 +223,7 @@ class Supervisor:
             raise SpawnError(f"{argv[0]}: command not found") from None
         except PermissionError:
             raise SpawnError(f"{argv[0]}: permission denied", 126) from None
-        child = Child(name=name, pid=popen.pid, popen=popen, primary=primary)
+        child = Child(name=name, pid=popen.pid, popen=popen, primary=primary, standby=standby)
         self.children.append(child)
         self._by_pid[popen.pid] = child
         for pipe, target in ((popen.stdout, 1), (popen.stderr, 2)):
@@ -233,10 +240,13 @@ class Supervisor:
     def next_generation(self) -> None:
         """Every child has exited: forget them, their failure and the teardown, so the job's
         processes can start again in place (launcher.core.lifecycle). A signal received stays."""
-        if any(c.returncode is None for c in self.children):
+        if any(c.returncode is None and not c.standby for c in self.children):
             raise RuntimeError("a new generation starts while a child of the last one lives")
-        self.children, self.exits = [], []
-        self._by_pid.clear()
+        self.children = [c for c in self.children if c.standby and c.returncode is None]
+        self.exits = []
+        self._by_pid = {c.pid: c for c in self.children}
+        for child in self.children:
+            child.standby = False  # adopted: this generation's now
         self.first_failure = None
         self.teardown_started = None
         self._killed = False
@@ -266,18 +276,22 @@ class Supervisor:
 
     def run(self) -> list[Child]:
         """Serve until every child has exited and nothing below us lives; return the exits."""
-        while any(c.returncode is None for c in self.children):
+        while any(c.returncode is None and not c.standby for c in self.children):
             self.poll(self._timeout())
         if self._descendants():  # orphans: daemons a child left behind
             self.begin_teardown()
             while self._descendants():
                 self.poll(self._timeout(0.05))
         drain_until = time.monotonic() + 1.0
-        while len(self._streams) and time.monotonic() < drain_until:
+        while self._open_streams() and time.monotonic() < drain_until:
             self.poll(0.05)
-        for stream in self._streams.values():  # held open by an escaped process: the job is over
+        for stream in self._open_streams():  # held open by an escaped process: the job is over
             stream.end_line(self._write)
         return self.exits
+
+    def _open_streams(self) -> list[_Stream]:
+        """The output pipes still open, but those of a standby child (it outlives the job's run)."""
+        return [stream for stream in self._streams.values() if not stream.child.standby]
 
     def sleep(self, seconds: float, until: Callable[[], bool] | None = None) -> None:
         """Serve for ``seconds``, or until ``until()`` holds; raise Interrupted as soon as a signal
@@ -372,7 +386,7 @@ class Supervisor:
     def forward(self, signum: int) -> None:
         """Send ``signum`` to every process group below us (ranks often run in their own)."""
         own = os.getpgrp()
-        groups = {c.pid for c in self.children if c.returncode is None}
+        groups = {c.pid for c in self.children if c.returncode is None and not c.standby}
         for pid in self._descendants():
             with contextlib.suppress(OSError):
                 groups.add(os.getpgid(pid))
@@ -406,8 +420,16 @@ class Supervisor:
             found = psutil.Process().children(recursive=True)
         except psutil.Error:
             return []
+        spared = {c.pid for c in self.children if c.standby}
+        while spared:  # a standby child's own children stand by too
+            more = {p.pid for p in found if p.pid not in spared and _parent(p) in spared}
+            if not more:
+                break
+            spared |= more
         alive = []
         for process in found:
+            if process.pid in spared:
+                continue
             try:
                 if process.status() != psutil.STATUS_ZOMBIE:
                     alive.append(process.pid)
@@ -431,6 +453,8 @@ class Supervisor:
             child.returncode = os.waitstatus_to_exitcode(status)
             child.popen.returncode = child.returncode
             child.exited_at = time.monotonic()
+            if child.standby:
+                continue  # not this generation's: the next one finds it gone and starts another
             child.after_teardown = self.teardown_started is not None
             self.exits.append(child)
             if child.returncode != 0 and self.first_failure is None and not child.after_teardown:
@@ -493,6 +517,13 @@ class Supervisor:
                     return
                 raise
             view = view[written:]
+
+
+def _parent(process) -> int | None:
+    try:
+        return process.ppid()
+    except Exception:  # noqa: BLE001 - psutil.Error: gone meanwhile
+        return None
 
 
 def _note_signal(signum, frame) -> None:

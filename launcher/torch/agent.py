@@ -28,6 +28,7 @@ from launcher.runner import report as records
 from launcher.torch import compat
 
 if TYPE_CHECKING:
+    from launcher.torch.ahead import RanksAhead
     from launcher.torch.peers import Peers
 
 
@@ -145,6 +146,7 @@ class Agent:
         self.workers: list = []
         self.find_workers = lambda: self.workers  # torchrun's ranks, as Popen-like handles
         self._stopping = False  # we SIGTERMed ourselves because a peer failed
+        self.ahead: RanksAhead | None = None  # ranks started ahead of this generation (a restart)
         self._finishing = threading.Lock()
 
     def run(self, torchrun, args: list[str]) -> NoReturn:
@@ -224,6 +226,8 @@ class Agent:
         """Report, hear the launcher's verdict, share it with the other nodes, exit. Runs once:
         whichever thread gets here first ends the process."""
         self._finishing.acquire()
+        if self.ahead is not None:
+            self.ahead.close()
         records.write(self.report, report)
         try:
             os.write(self.status_fd, b"reported\n")
@@ -246,17 +250,39 @@ def main(argv: list[str]) -> int:
 
     control = os.fdopen(int(arg("--control-fd")), "rb")
     agent = Agent(control, int(arg("--status-fd")), arg("--report"), arg("--job"), 25.0)
+    ahead = arg("--ranks-ahead") if "--ranks-ahead" in argv else None
     try:
-        return _run(agent)
+        return _run(agent, ahead)
     except Exception as error:  # noqa: BLE001 - anything torchrun.main did not raise is ours
         agent.crashed(error)
 
 
-def _run(agent: Agent) -> int:
+def _start_ranks_ahead(agent: Agent, path: str) -> None:
+    """A standby agent's ranks (launcher.torch.ahead), started before torch is imported here, so
+    that all of them import at once: ``path`` holds their count and the variables the plan gives
+    every rank."""
+    from launcher.torch.ahead import RanksAhead
+
+    with open(path) as handle:
+        planned = json.load(handle)
+    from launcher.status.stacks import BOARD_ENV, STACKS_ENV
+
+    env = {name: value for name, value in os.environ.items() if name not in planned["unset"]}
+    env.update(planned["env"])
+    # Found by a hang's stack dump only once it is a rank: it registers as it becomes one.
+    for name in (STACKS_ENV, BOARD_ENV):
+        env.pop(name, None)
+    agent.ahead = RanksAhead()
+    agent.ahead.start(int(planned["nproc"]), env, _bound_to_agent)
+
+
+def _run(agent: Agent, ahead: str | None = None) -> int:
     control = agent.control
     # The launcher sends SIGUSR1/SIGUSR2 to every rank's group directly; the agent must survive them.
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda *_: None)
+    if ahead is not None:  # their imports and ours at once
+        _start_ranks_ahead(agent, ahead)
     # The agent's own C++ warnings are store chatter (a peer that left); the ranks keep the
     # user's level: the variable is read once, when torch loads.
     quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
@@ -278,7 +304,9 @@ def _run(agent: Agent) -> int:
         del os.environ["TORCH_CPP_LOG_LEVEL"]
     request = control.readline()
     if not request:
-        return 0  # the launcher gave up before starting (bad config, timeout, signal)
+        if agent.ahead is not None:
+            agent.ahead.close()
+        return 0  # the launcher gave up before starting (bad config, timeout, signal), or never restarted
     plan = json.loads(request)
     for name in plan["unset"]:
         os.environ.pop(name, None)
@@ -291,7 +319,8 @@ def _run(agent: Agent) -> int:
     _prepare_dump_dir()
     # A restart in place is the launcher's (torchrun's own count is always 0): the ranks see its count.
     restarts = {"TORCHELASTIC_RESTART_COUNT": os.environ[RESTART_COUNT]} if RESTART_COUNT in os.environ else None
-    if not compat.bind_workers(agent.workers, _bound_to_agent, restarts):
+    take = agent.ahead.take if agent.ahead is not None else None
+    if not compat.bind_workers(agent.workers, _bound_to_agent, restarts, take):
         agent.find_workers = compat.child_processes
     if plan.get("peers"):
         from launcher.torch.peers import PeerConfig, Peers

@@ -53,11 +53,12 @@ def torch_version() -> str:
 # --- the agent's hooks ---------------------------------------------------------------------------
 
 
-def bind_workers(workers: list, in_child, env: dict[str, str] | None = None) -> bool:
+def bind_workers(workers: list, in_child, env: dict[str, str] | None = None, take=None) -> bool:
     """Run ``in_child`` in every rank before it execs (PR_SET_PDEATHSIG), give it ``env`` over what
-    torchrun gives it, and append each rank's Popen to ``workers``. False (and said once) where
-    torch's subprocess handler has neither layout; the caller then finds its ranks another way
-    (:func:`child_processes`)."""
+    torchrun gives it, and append each rank's Popen to ``workers``. ``take(args, kwargs)``: a
+    process already started that runs the rank (launcher.torch.ahead), or None. False (and said
+    once) where torch's subprocess handler has neither layout; the caller then finds its ranks
+    another way (:func:`child_processes`)."""
     try:
         from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler as module
     except ImportError:
@@ -84,7 +85,7 @@ def bind_workers(workers: list, in_child, env: dict[str, str] | None = None) -> 
         kwargs.setdefault("preexec_fn", in_child)
         if env and kwargs.get("env") is not None:
             kwargs["env"] = {**kwargs["env"], **env}
-        process = real(*args, **kwargs)
+        process = (take(args, kwargs) if take is not None else None) or real(*args, **kwargs)
         workers.append(process)
         return process
 

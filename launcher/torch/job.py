@@ -111,32 +111,47 @@ class TorchPod(lifecycle.Pod):
         self.rest = rest
         self.extra_env: dict[str, str] = {}
         self.verdict: Outcome | None = None
+        self.standby: _Agent | None = None  # the next generation's agent, torch imported, waiting
 
     def start_early(self, life: lifecycle.Life) -> None:
         self.life = life
-        self._spawn_agent(life)
+        self._use(self._spawn_agent(life, 0))
 
-    def _spawn_agent(self, life: lifecycle.Life) -> None:
-        """This generation's agent (launcher.torch.agent), with its control and status pipes."""
-        self.control = life.go_pipe()
-        self.status = life.listen(self._on_report, 64)
-        self.agent = life.spawn(
+    def _spawn_agent(self, life: lifecycle.Life, generation: int, ahead: dict | None = None) -> _Agent:
+        """Generation ``generation``'s agent (launcher.torch.agent), with its control and status
+        pipes. ``ahead``: it stands by for a restart, and starts its ranks ahead, as this says
+        (launcher.torch.ahead)."""
+        options = []
+        if ahead is not None:
+            options = ["--ranks-ahead", life.path(f"ahead-{generation}.json")]
+            with open(options[1], "w") as handle:
+                json.dump(ahead, handle)
+        control = life.go_pipe()
+        agent = _Agent(control)
+        agent.status = life.listen(functools.partial(self._on_report, agent), 64)
+        agent.child = life.spawn(
             "torchrun",
             [
                 sys.executable,
                 "-m",
                 "launcher.torch.agent",
                 "--control-fd",
-                str(self.control.child_fd),
+                str(control.child_fd),
                 "--status-fd",
-                str(self.status.child_fd),
+                str(agent.status.child_fd),
                 "--report",
-                self._path(life, "report"),
+                _generation_path(life, "report", generation),
                 "--job",
-                self._path(life, "job"),
+                _generation_path(life, "job", generation),
+                *options,
             ],
-            pipes=(self.control, self.status),
+            pipes=(control, agent.status),
+            standby=ahead is not None,
         )
+        return agent
+
+    def _use(self, agent: _Agent) -> None:
+        self.current, self.control, self.agent = agent, agent.control, agent.child
         self.verdict = None
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
@@ -148,11 +163,17 @@ class TorchPod(lifecycle.Pod):
     restarts_in_place = True
 
     def restart(self, life: lifecycle.Life) -> None:
-        """A new agent, and the plan of this generation: its store on ports of its own."""
+        """The plan of this generation (its store on ports of its own), and its agent: the one that
+        stood by since the last generation started, unless it is gone."""
         plan, _ = make_plan(self.rest, launcher=life.launcher, generation=life.generation)
         if life.planned is not None:
             life.planned = replace(life.planned, plan=plan)
-        self._spawn_agent(life)
+        standby, self.standby = self.standby, None
+        if standby is None or standby.child.returncode is not None:
+            if standby is not None:
+                standby.close()
+            standby = self._spawn_agent(life, life.generation)
+        self._use(standby)
 
     def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
         return lifecycle.Awaited(resolve=life.plan.wait.resolve, connect=life.plan.wait.connect)
@@ -165,33 +186,34 @@ class TorchPod(lifecycle.Pod):
             peers["dumpRequest"] = life.path(f"dump-stacks-{life.generation}")
             monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], life.supervisor)
         entry = {"entry": self.entry} if self.entry else {}
+        env = {**plan.env_set, **self.extra_env, **life.watched, **rank_end.rank_env(life.watched)}
         self.control.send(
             {
                 "args": self.agent_args(plan),
                 **entry,
-                "env": {
-                    **plan.env_set,
-                    **self.extra_env,
-                    **life.watched,
-                    **rank_end.rank_env(life.watched),
-                    **lifecycle.restart_env(life.generation),
-                },
+                "env": {**env, **lifecycle.restart_env(life.generation)},
                 "unset": list(plan.env_unset),
                 "grace": life.launcher.grace_period,
                 "peers": peers,
             }
         )
+        if life.generation < life.max_restarts:
+            # The next generation's agent and ranks import torch while this one trains: a restart
+            # pays neither the interpreters' start nor the import.
+            after = life.generation + 1
+            ahead = {"nproc": plan.nproc_per_node, "env": {**env, **lifecycle.restart_env(after)}}
+            self.standby = self._spawn_agent(life, after, {**ahead, "unset": list(plan.env_unset)})
 
     def agent_args(self, plan: TorchPlan) -> list[str]:
         return [*plan.torchrun_args, *plan.program]
 
-    def _on_report(self, data: bytes) -> None:
+    def _on_report(self, agent: _Agent, data: bytes) -> None:
         """The agent has reported and waits for this node's outcome, to share it with the other
         nodes. Every rank is gone: relay what they wrote before judging. (End of file instead:
         the agent died without a report; judged once it is reaped.)"""
-        if not data:
+        if not data or agent is not self.current:
             return
-        self.status.close()
+        agent.status.close()
         self.life.supervisor.drain()
         self.verdict = self._own(self.life)
         self.control.send(self.verdict.to_json(self.life.launcher.retryable_exit_codes))
@@ -203,7 +225,7 @@ class TorchPod(lifecycle.Pod):
         return torch_outcome(
             life.supervisor,
             self.agent,
-            records.Report.read(self._path(life, "report")),
+            records.Report.read(_generation_path(life, "report", life.generation)),
             life.launcher.retryable_exit_codes,
             life.node,
             life.plan.nnodes == "1",
@@ -214,17 +236,31 @@ class TorchPod(lifecycle.Pod):
     def judge(self, life: lifecycle.Life) -> Outcome:
         return self.verdict or self._own(life)
 
-    @staticmethod
-    def _path(life: lifecycle.Life, name: str) -> str:
-        """This generation's file ``name`` (the agent's report, the nodes' outcomes)."""
-        return life.path(f"{name}-{life.generation}.json" if life.generation else f"{name}.json")
-
     def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
-        nodes = [_node_outcome(summary) for summary in _read_json(self._path(life, "job"), [])]
+        nodes = [_node_outcome(summary) for summary in _read_json(_generation_path(life, "job", life.generation), [])]
         nnodes = int(life.plan.nnodes) if life.plan.nnodes.isdigit() else None
         return job_outcome(
             own, life.plan.node_rank, life.node, nodes, nnodes, lambda: self._own(life, peer_vanished=False)
         )
+
+
+class _Agent:
+    """One generation's torch agent, and the pipes to it."""
+
+    child: Child
+    status: lifecycle.Listen
+
+    def __init__(self, control: lifecycle.GoPipe):
+        self.control = control
+
+    def close(self) -> None:
+        self.control.close()
+        self.status.close()
+
+
+def _generation_path(life: lifecycle.Life, name: str, generation: int) -> str:
+    """Generation ``generation``'s file ``name`` (its agent's report, the nodes' outcomes)."""
+    return life.path(f"{name}-{generation}.json" if generation else f"{name}.json")
 
 
 def _stacks_of_every_node(request: str, supervisor: Supervisor) -> list:

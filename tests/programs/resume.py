@@ -12,7 +12,8 @@ FAIL_RANK   the global rank that fails (default 1)
 STEP_TIME   seconds each step sleeps (default 0.05)
 REPORT_DIR  each rank appends "<generation> <step> <launcher's restart count>" per step done to
             <rank>.steps, and writes <rank>.first-<generation> (atomically, the wall time of its
-            first step in that generation) so a test can wait for a generation to train
+            first step in that generation) so a test can wait for a generation to train, and
+            <rank>.fault-<generation> (the wall time it fails at, FAIL)
 """
 
 import gc
@@ -64,6 +65,8 @@ if checkpoint and os.path.exists(checkpoint):
     start, weights = saved["step"] + 1, saved["weights"]
 for step in range(start, steps):
     if rank == fail_rank and step == fail_step and generation in fail_generations:
+        if report_dir:
+            atomic(os.path.join(report_dir, f"{rank}.fault-{generation}"), repr(time.time()))
         end()
     update = torch.ones(64)
     dist.all_reduce(update)

@@ -1,0 +1,115 @@
+"""Restarts in place (issue 37): a retryable fault restarts every pod's ranks in the same
+containers, from the job's last checkpoint, instead of ending the job.
+
+Real launchers, torchrun agents and gloo ranks: two pods of two ranks as Trainer starts them (a
+static rendezvous on the master's port, or the user's c10d), each its own `trainer-launcher torch`.
+The program (tests/programs/resume.py) checkpoints every step and resumes from the checkpoint, as
+the elastic examples do; its weights count the steps done, so a step lost or done twice fails it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import REPO, Job, clean_env, free_port, launcher
+
+RESUME = str(REPO / "tests" / "programs" / "resume.py")
+STEPS = 10
+
+
+def _pods(tmp_path: Path, report_dir: Path, restarts: str, backend: str = "static", **env: str) -> list[Job]:
+    """Two pods, the worker first. ``restarts``: how the user asks for them, torchrun's way or ours."""
+    port = free_port()
+    spelled = {
+        "torchrun": (("--max-restarts", "2"), (), {}),
+        "pet": ((), (), {"PET_MAX_RESTARTS": "2"}),
+        "launcher": ((), ("--max-restarts", "2"), {}),
+        "env": ((), (), {"LAUNCHER_MAX_RESTARTS": "2"}),
+        "none": ((), (), {}),
+    }
+    torchrun, options, variables = spelled[restarts]
+    rendezvous = {"PET_RDZV_BACKEND": "c10d"} if backend == "c10d" else {}
+    pods = []
+    for node in (1, 0):
+        pod_env = clean_env(
+            PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(node), PET_MASTER_ADDR="127.0.0.1",
+            PET_MASTER_PORT=str(port), HOSTNAME=f"job-node-0-{node}", CKPT=str(tmp_path / "checkpoint.pt"),
+            STEPS=str(STEPS), REPORT_DIR=str(report_dir), **rendezvous, **variables, **env,
+        )
+        argv = launcher("torch", "--grace-period", "5", *options, "--", *torchrun, RESUME)
+        pods.append(Job(argv, pod_env, tmp_path, f"node{node}"))
+    return pods
+
+
+def _steps(report_dir: Path, rank: int) -> list[tuple[int, int, str]]:
+    """(generation as torch told the rank, step, the launcher's restart count) per step done."""
+    lines = (report_dir / f"{rank}.steps").read_text().split()
+    return [(int(lines[i]), int(lines[i + 1]), lines[i + 2]) for i in range(0, len(lines), 3)]
+
+
+@pytest.mark.parametrize(
+    "backend, restarts", [("static", "torchrun"), ("static", "launcher"), ("c10d", "pet"), ("c10d", "env")]
+)
+def test_a_rank_killed_once_resumes_from_the_checkpoint_on_every_pod_and_the_job_finishes(
+    tmp_path, report_dir, backend, restarts
+):
+    """The kill is retryable (137): every pod stops its ranks, and starts them again in place;
+    they load the checkpoint and do the steps that are left, every one exactly once."""
+    pods = _pods(tmp_path, report_dir, restarts, backend, FAIL="signal:SIGKILL@4", FAIL_RANK="1")
+    for pod in pods:
+        assert pod.wait(240) == 0, pod.stderr[-5000:]
+        assert "restart 1 of 2: the job failed retryably" in pod.stderr, pod.stderr[-3000:]
+        assert pod.stderr.count("restart ") == 1, pod.stderr[-3000:]
+        message = pod.termination()
+        assert [(r["generation"], r["exitCode"]) for r in message["restarts"]] == [(0, 137)], message
+        assert message["restarts"][0]["rootCause"]["rank"] == 1, message
+    assert f"done: {STEPS} steps, weights {STEPS}" in pods[1].stdout  # rank 0 is on node 0
+    for rank in range(4):
+        done = _steps(report_dir, rank)
+        assert [step for _, step, _ in done] == list(range(STEPS)), done  # resumed where it stopped
+        first, later = [d for d in done if d[0] == 0], [d for d in done if d[0] == 1]
+        assert first and later and {d[2] for d in first} == {"0"} and {d[2] for d in later} == {"1"}, done
+
+
+def test_a_permanent_failure_is_never_restarted(tmp_path, report_dir):
+    pods = _pods(tmp_path, report_dir, "launcher", FAIL="exit:3@3", FAIL_RANK="2")
+    for pod in pods:
+        assert pod.wait(180) == 3, pod.stderr[-4000:]
+        assert "restart " not in pod.stderr
+        message = pod.termination()
+        reason = message.get("causeReason", message["reason"])  # node 0's is PeerFailed, for node 1's rank
+        assert (reason, message["retryable"], message["rootCause"]["rank"]) == ("Failed", False, 2), message
+        assert "restarts" not in message
+    assert {generation for generation, _, _ in _steps(report_dir, 0)} == {0}
+
+
+def test_a_second_fault_as_the_job_restarts_takes_a_second_restart(tmp_path, report_dir):
+    """Rank 3 is killed at step 3, and again at its first step after the restart, which resumes at
+    step 3: the third start finishes the job."""
+    pods = _pods(tmp_path, report_dir, "torchrun", FAIL="signal:SIGKILL@3@0,1", FAIL_RANK="3")
+    for pod in pods:
+        assert pod.wait(300) == 0, pod.stderr[-5000:]
+        assert "restart 2 of 2" in pod.stderr
+        assert [r["generation"] for r in pod.termination()["restarts"]] == [0, 1]
+    done = _steps(report_dir, 0)
+    assert [step for _, step, _ in done] == list(range(STEPS)), done
+    assert {generation for generation, _, _ in done} == {0, 2}  # generation 1 never got through its first step
+
+
+def test_when_restarts_run_out_the_last_verdict_stands_with_every_generations_cause(tmp_path, report_dir):
+    pods = _pods(tmp_path, report_dir, "pet", FAIL="exit:143@2@0,1,2", FAIL_RANK="1")
+    for pod in pods:
+        assert pod.wait(300) == 143, pod.stderr[-5000:]
+        message = pod.termination()
+        assert (message["exitCode"], message["retryable"]) == (143, True), message
+        assert [(r["generation"], r["exitCode"], r["rootCause"]["rank"]) for r in message["restarts"]] == [
+            (0, 143, 1), (1, 143, 1)], message
+        assert "restart 2 of 2" in pod.stderr and "restart 3" not in pod.stderr
+
+
+def test_without_restarts_a_retryable_fault_still_ends_the_job_at_once(tmp_path, report_dir):
+    pods = _pods(tmp_path, report_dir, "none", FAIL="signal:SIGKILL@2", FAIL_RANK="1")
+    for pod in pods:
+        assert pod.wait(180) == 137, pod.stderr[-4000:]
+        assert "restart " not in pod.stderr and "restarts" not in pod.termination()
