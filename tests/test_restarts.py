@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, Job, clean_env, free_port, launcher
 
+# Each test runs two or three starts of a four-rank job; under two CPU burners on two cores, one
+# start alone can take a minute.
+pytestmark = pytest.mark.timeout(900)
 RESUME = str(REPO / "tests" / "programs" / "resume.py")
 STEPS = 10
 
@@ -113,3 +116,32 @@ def test_without_restarts_a_retryable_fault_still_ends_the_job_at_once(tmp_path,
     for pod in pods:
         assert pod.wait(180) == 137, pod.stderr[-4000:]
         assert "restart " not in pod.stderr and "restarts" not in pod.termination()
+
+
+def test_a_rank_started_ahead_becomes_exactly_the_rank_torchrun_asked_for(tmp_path):
+    """What torchrun gives Popen (launcher.torch.ahead): the standby rank takes on the rank's
+    environment alone, writes to torchrun's files, and ends as python ends the program."""
+    import subprocess
+    import sys
+
+    from launcher.torch.ahead import RanksAhead
+
+    program = tmp_path / "rank.py"
+    program.write_text(
+        "import os, sys\n"
+        "print('rank', os.environ['RANK'], 'stale' in os.environ, sys.argv, 'torch' in sys.modules, flush=True)\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    ahead = RanksAhead()
+    ahead.start(1, clean_env(stale="1"), lambda: None)
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        command = (sys.executable, "-u", str(program), "7")
+        rank = ahead.take((), {"args": command, "env": clean_env(RANK="3"), "stdout": stdout, "stderr": stderr})
+        assert rank is not None
+        assert rank.wait(120) == 7
+        # Anything Popen could not hand over (a pipe) starts as usual: no rank is taken for it.
+        assert ahead.take((), {"args": command, "env": {}, "stdout": subprocess.PIPE}) is None
+    assert out.read_text() == f"rank 3 False ['{program}', '7'] True\n"
+    assert err.read_text() == "to stderr\n"
