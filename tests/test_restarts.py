@@ -34,11 +34,12 @@ def _pods(tmp_path: Path, report_dir: Path, restarts: str, backend: str = "stati
     torchrun, options, variables = spelled[restarts]
     rendezvous = {"PET_RDZV_BACKEND": "c10d"} if backend == "c10d" else {}
     pods = []
+    env = {"STEPS": str(STEPS), **env}
     for node in (1, 0):
         pod_env = clean_env(
             PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(node), PET_MASTER_ADDR="127.0.0.1",
             PET_MASTER_PORT=str(port), HOSTNAME=f"job-node-0-{node}", CKPT=str(tmp_path / "checkpoint.pt"),
-            STEPS=str(STEPS), REPORT_DIR=str(report_dir), **rendezvous, **variables, **env,
+            REPORT_DIR=str(report_dir), **rendezvous, **{**variables, **env},
         )
         argv = launcher("torch", "--grace-period", "5", *options, "--", *torchrun, RESUME)
         pods.append(Job(argv, pod_env, tmp_path, f"node{node}"))
@@ -145,3 +146,28 @@ def test_a_rank_started_ahead_becomes_exactly_the_rank_torchrun_asked_for(tmp_pa
         assert ahead.take((), {"args": command, "env": {}, "stdout": subprocess.PIPE}) is None
     assert out.read_text() == f"rank 3 False ['{program}', '7'] True\n"
     assert err.read_text() == "to stderr\n"
+
+
+def test_a_hang_after_a_restart_is_still_caught_and_the_status_counts_the_restart(tmp_path, report_dir,
+                                                                                    status_server):
+    """Rank 1 is killed in the first start, and stops for good in the second: the hang watch,
+    timed afresh from the restart, ends the job as Hang with every node's stacks. The TrainJob's
+    status (the stand-in of Trainer's status server) counts the restart."""
+    pods = _pods(tmp_path, report_dir, "env", FAIL="signal:SIGKILL@3", HANG="6@1", STEPS="1000", FAIL_RANK="1",
+                 PROGRESS="1", LAUNCHER_MAX_RESTARTS="1", LAUNCHER_HANG_TIMEOUT="15", **status_server.env())
+    for pod in pods:
+        assert pod.wait(300) == 138, pod.stderr[-5000:]
+        message = pod.termination()
+        reason = message.get("causeReason", message["reason"])  # node 1's is PeerFailed, for node 0's hang
+        assert (reason, message["retryable"]) == ("Hang", True), message
+        assert [(r["generation"], r["exitCode"]) for r in message["restarts"]] == [(0, 137)], message
+    assert "stuck_forever" in pods[1].stderr + pods[0].stderr  # rank 1's stack, taken on its node
+    finals = status_server.wait_for(
+        lambda seen: [r for r in seen if r["code"] == 200 and "exit_code" in _metrics(r)], what="the final status")
+    final = _metrics([r for r in finals if r["code"] == 200 and "exit_code" in _metrics(r)][-1])
+    assert (final["exit_code"], final["reason"], final["restarts"]) == ("138", "Hang", "1"), final
+
+
+def _metrics(record: dict) -> dict[str, str]:
+    status = (record.get("body") or {}).get("trainerStatus") or {}
+    return {m["name"]: m["value"] for m in status.get("metrics", [])}

@@ -9,6 +9,8 @@ FAIL        <ending>@<step>[@<generations>]: the rank FAIL_RANK ends so at that 
             what torch tells the rank (TORCHELASTIC_RESTART_COUNT). <ending>: exit:<code> |
             signal:<NAME>
 FAIL_RANK   the global rank that fails (default 1)
+HANG        <step>[@<generations>]: the rank FAIL_RANK stops at that step, for good (default: never)
+PROGRESS    1: every rank prints its progress as Katib's "step=N" lines
 STEP_TIME   seconds each step sleeps (default 0.05)
 REPORT_DIR  each rank appends "<generation> <step> <launcher's restart count>" per step done to
             <rank>.steps, and writes <rank>.first-<generation> (atomically, the wall time of its
@@ -38,6 +40,11 @@ step_time = float(os.environ.get("STEP_TIME", "0.05"))
 report_dir = os.environ.get("REPORT_DIR")
 fail_rank = int(os.environ.get("FAIL_RANK", "1"))
 ending, fail_step, fail_generations = None, -1, ()
+hang_step, hang_generations = -1, ()
+if os.environ.get("HANG"):
+    step_text, _, generations_text = os.environ["HANG"].partition("@")
+    hang_step, hang_generations = int(step_text), tuple(int(g) for g in (generations_text or "0").split(","))
+progress = os.environ.get("PROGRESS") == "1"
 if os.environ.get("FAIL"):
     parts = os.environ["FAIL"].split("@")
     ending, fail_step = parts[0], int(parts[1])
@@ -48,6 +55,11 @@ def atomic(path: str, text: str) -> None:
     with open(path + ".tmp", "w") as handle:
         handle.write(text)
     os.replace(path + ".tmp", path)
+
+
+def stuck_forever() -> None:
+    while True:
+        time.sleep(60)
 
 
 def end() -> None:
@@ -68,6 +80,8 @@ for step in range(start, steps):
         if report_dir:
             atomic(os.path.join(report_dir, f"{rank}.fault-{generation}"), repr(time.time()))
         end()
+    if rank == fail_rank and step == hang_step and generation in hang_generations:
+        stuck_forever()
     update = torch.ones(64)
     dist.all_reduce(update)
     weights += update / dist.get_world_size()
@@ -76,6 +90,8 @@ for step in range(start, steps):
             atomic(os.path.join(report_dir, f"{rank}.first-{generation}"), repr(time.time()))
         with open(os.path.join(report_dir, f"{rank}.steps"), "a") as log:
             log.write(f"{generation} {step} {launcher_count}\n")
+    if progress:
+        print(f"step={step}", flush=True)
     if rank == 0 and checkpoint:
         torch.save({"step": step, "weights": weights}, checkpoint + ".tmp")
         os.replace(checkpoint + ".tmp", checkpoint)
