@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Job, clean_env, free_port, launcher
+from conftest import REPO, Job, clean_env, free_port, launcher, wait_for
 
 # Each test runs two or three starts of a four-rank job; under two CPU burners on two cores, one
 # start alone can take a minute.
@@ -171,3 +171,19 @@ def test_a_hang_after_a_restart_is_still_caught_and_the_status_counts_the_restar
 def _metrics(record: dict) -> dict[str, str]:
     status = (record.get("body") or {}).get("trainerStatus") or {}
     return {m["name"]: m["value"] for m in status.get("metrics", [])}
+
+
+def test_a_lost_pod_is_not_waited_for_the_pod_that_remains_exits_peer_lost_at_once(tmp_path, report_dir):
+    """Every process of pod 1 is SIGKILLed (a lost machine). Its replacement could not find a later
+    generation, so pod 0 does not restart in place: 138 PeerLost, naming the lost pod, as without
+    restarts, and Kubernetes starts both again."""
+    from test_endings import _kill_pod
+
+    survivor, victim = reversed(_pods(tmp_path, report_dir, "launcher", STEPS="100000"))
+    wait_for(lambda: (report_dir / "3.steps").exists() and (report_dir / "0.steps").exists(), 120,
+             "every pod to train")
+    _kill_pod(victim)
+    assert survivor.wait(120) == 138, survivor.stderr[-4000:]
+    message = survivor.termination()
+    assert (message["reason"], message["rootCause"]["node"]) == ("PeerLost", "job-node-0-1"), message
+    assert "restart " not in survivor.stderr

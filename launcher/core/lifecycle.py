@@ -450,11 +450,15 @@ def _may_restart(life: Life) -> bool:
 
 
 def _restart_due(life: Life, outcome: Outcome) -> bool:
-    """The job failed retryably (the one table says so) and may start again in place."""
-    from launcher.core.reasons import is_retryable
+    """The job failed retryably (the one table says so) and may start again in place. Not for a
+    lost pod: its replacement starts from nothing and cannot find a later generation, so the pods
+    that remain end as before (138) and Kubernetes starts them all again."""
+    from launcher.core.reasons import Reasons, is_retryable
 
     codes = life.launcher.retryable_exit_codes
-    return outcome.exit_code != 0 and is_retryable(outcome.exit_code, codes) and _may_restart(life)
+    if outcome.exit_code == 0 or not is_retryable(outcome.exit_code, codes) or not _may_restart(life):
+        return False
+    return Reasons.PEER_LOST not in (outcome.reason, outcome.extra.get("causeReason"))
 
 
 def _restart(pod: Pod, life: Life, outcome: Outcome) -> None:
