@@ -171,6 +171,13 @@ CASES = [
     Case("torch-missing-script", ("torch", "--"), {}, "SCRIPT", None),
     Case("torch-missing-script-no-dashdash", ("torch",), {}, "SCRIPT", None),
     # --- exec -----------------------------------------------------------------------------------
+    # A framework that does not restart in place refuses the restarts, before anything runs.
+    Case("exec-max-restarts-flag", ("exec", "--max-restarts", "2", "--", sys.executable, SCRIPT), {},
+         "--max-restarts", "2"),
+    Case("exec-max-restarts-env", ("exec", "--", sys.executable, SCRIPT), {"LAUNCHER_MAX_RESTARTS": "1"},
+         "LAUNCHER_MAX_RESTARTS", "1"),
+    Case("max-restarts-negative", ("exec", "--", sys.executable, SCRIPT), {"LAUNCHER_MAX_RESTARTS": "-1"},
+         "LAUNCHER_MAX_RESTARTS", "-1"),
     Case("exec-no-command", ("exec",), {}, "CMD", None),
     Case("exec-no-command-after-dashdash", ("exec", "--"), {}, "CMD", None),
     Case("exec-bad-grace-period-flag", ("exec", "--grace-period", "-1", "--", sys.executable, SCRIPT), {},

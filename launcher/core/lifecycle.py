@@ -472,15 +472,15 @@ def _restart(pod: Pod, life: Life, outcome: Outcome) -> None:
     where = cause.node if cause is not None and cause.node else life.node
     if cause is not None and cause.rank is not None:
         where = f"rank {cause.rank} on {where}"
+    reason = outcome.extra.get("causeReason") or outcome.reason  # PeerFailed: the root's own, as every pod says
     log.warning(
         f"restart {life.generation} of {life.max_restarts}: the job failed retryably "
-        f"({outcome.reason}, exit {outcome.exit_code}, {where}): {outcome.message}; "
+        f"({reason}, exit {outcome.exit_code}, {where}): {outcome.message}; "
         "starting every process again in place"
     )
     life.supervisor.next_generation()
     if life.watch is not None:
-        if life.watch.hang is not None:
-            life.watch.hang = None
+        life.watch.hang = None  # a hang is a generation's: the next one is watched afresh
         life.watch.restarted(life.generation)
     pod.restart(life)
 
@@ -493,7 +493,8 @@ def restart_history(history: list[Outcome]) -> list[dict]:
     """Each earlier generation's ending, oldest first, for the termination message."""
     kept = []
     for generation, outcome in list(enumerate(history))[-HISTORY_KEPT:]:
-        entry: dict = {"generation": generation, "reason": outcome.reason, "exitCode": outcome.exit_code}
+        reason = outcome.extra.get("causeReason") or outcome.reason
+        entry: dict = {"generation": generation, "reason": reason, "exitCode": outcome.exit_code}
         if outcome.root_cause is not None:
             entry["rootCause"] = outcome.root_cause.to_json()
         kept.append(entry)
