@@ -192,3 +192,101 @@ def test_work_beside_the_loop_raises_its_error_in_the_serving_thread():
 
 def test_a_signal_ends_the_serving_at_once_and_leaves_the_work_behind():
     assert beside("blocks", signal_it=True) == f"result [] signal {int(signal.SIGTERM)}"
+
+
+# --- restarts in place ------------------------------------------------------------------------------
+
+GENERATIONS = r"""
+import os, sys
+from launcher.core import lifecycle
+from launcher.core.outcome import classify, success
+
+how, record = sys.argv[1], sys.argv[2]
+CODES = {"retryable-once": [137, 0], "permanent": [3, 0], "retryable-always": [143, 143, 143]}[how]
+# The next generation's process, started ahead: it waits for its exit code on a pipe.
+AHEAD = "import os, sys; sys.exit(int(os.read(int(sys.argv[1]), 10) or b'0'))"
+
+
+class Generations(lifecycle.Pod):
+    name = "stand"
+    restarts_in_place = True
+
+    def __init__(self):
+        self.steps, self.ahead, self.job = [], None, None
+
+    def step(self, name):
+        self.steps.append(name)
+        with open(record + ".tmp", "w") as handle:
+            json.dump(self.steps, handle)
+        os.replace(record + ".tmp", record)
+
+    def plan(self, life):
+        return lifecycle.Planned(None, "pod-a", "", max_restarts=2)
+
+    def go(self, life):
+        code, generation = CODES[life.generation], life.generation
+        self.step(f"go {generation} count={life.runner_env()['LAUNCHER_RESTART_COUNT']}")
+        if self.ahead is None:
+            self.job = life.spawn("job", [sys.executable, "-c", f"import sys; sys.exit({code})"])
+        else:
+            self.job, pipe = self.ahead
+            pipe.send(str(code).encode())
+            pipe.close()
+        if generation < life.max_restarts:
+            pipe = life.go_pipe()
+            ahead = life.spawn("ahead", [sys.executable, "-c", AHEAD, str(pipe.child_fd), record], pipes=(pipe,),
+                               standby=True)
+            self.ahead = (ahead, pipe)
+
+    def restart(self, life):
+        ahead = self.ahead[0]
+        self.step(f"restart {life.generation} ahead alive={ahead.returncode is None} adopted={not ahead.standby}")
+
+    def judge(self, life):
+        code = self.job.exit_status
+        return success() if code == 0 else classify(code, what=f"the job of generation {life.generation}")
+
+
+import json
+sys.exit(lifecycle.live(Generations(), {}))
+"""
+
+
+def generations(tmp_path, how: str) -> tuple[int, list[str], str]:
+    record = tmp_path / "steps.json"
+    process = subprocess.run([sys.executable, "-c", GENERATIONS, how, str(record)], capture_output=True, text=True,
+                             env=clean_env(LAUNCHER_TERMINATION_LOG=str(tmp_path / "termination.json")),
+                             timeout=120)
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _runs_with(pid, str(record).encode())]
+    return process.returncode, json.loads(record.read_text()), process.stdout + process.stderr
+
+
+def _runs_with(pid: str, mine: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return mine in handle.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def test_a_retryable_end_starts_the_next_generation_with_the_process_that_stood_by(tmp_path):
+    """The process started ahead is neither waited for nor torn down with its generation (the
+    generation ends while it lives), is adopted by the next, and none outlives the pod."""
+    code, steps, said = generations(tmp_path, "retryable-once")
+    assert code == 0, said
+    assert steps == ["go 0 count=0", "restart 1 ahead alive=True adopted=True", "go 1 count=1"]
+    assert "restart 1 of 2: the job failed retryably (RetryableExit, exit 137, pod-a)" in said
+    history = json.loads((tmp_path / "termination.json").read_text())["restarts"]
+    assert [(h["generation"], h["reason"], h["exitCode"]) for h in history] == [(0, "RetryableExit", 137)]
+
+
+def test_a_permanent_end_is_never_restarted(tmp_path):
+    code, steps, said = generations(tmp_path, "permanent")
+    assert code == 3 and steps == ["go 0 count=0"] and "restart" not in said
+
+
+def test_when_the_restarts_run_out_the_last_end_stands(tmp_path):
+    code, steps, said = generations(tmp_path, "retryable-always")
+    assert code == 143, said
+    assert [s for s in steps if s.startswith("go")] == ["go 0 count=0", "go 1 count=1", "go 2 count=2"]
+    assert said.count("restart ") == 2 and "restart 2 of 2" in said
