@@ -268,6 +268,9 @@ def test_failure_policy_is_the_one_derived_from_the_exit_code_table(name):
         assert job["backoffLimit"] == expected["backoffLimit"], rjob_name
         assert job["podFailurePolicy"] == expected["podFailurePolicy"], rjob_name
         assert job["template"]["spec"]["restartPolicy"] == expected["template"]["spec"]["restartPolicy"], rjob_name
+        # One value: the launcher's default grace, and the margin it needs for its termination message.
+        pod = expected["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert job["template"]["spec"]["terminationGracePeriodSeconds"] == pod, rjob_name
 
 
 def pod_failure_action(rules: list[dict], exit_codes: dict[str, int], conditions: frozenset[str] = frozenset()) -> str:
@@ -536,11 +539,15 @@ def test_images_are_ours_tagged_with_the_package_version():
     assert all(e["newTag"] == __version__ for e in entries.values())
 
 
-def test_the_launcher_tears_down_within_the_pods_grace_period():
+def test_the_launcher_in_each_pod_stops_its_ranks_within_the_pods_grace_and_keeps_its_margin():
+    """What each pod's grace leaves the launcher is what it takes by default: the ranks get the
+    whole grace to checkpoint, and the kubelet's SIGKILL comes only after the margin."""
     grace = LauncherSettings.model_fields["grace_period"].default
     for doc in DOCS.values():
         for rjob in replicated_jobs(doc).values():
-            assert pod_spec(rjob)["terminationGracePeriodSeconds"] > grace
+            pod = pod_spec(rjob)["terminationGracePeriodSeconds"]
+            assert failure_policy.grace_period_for(pod) == grace
+            assert pod - grace >= failure_policy.TERMINATION_MARGIN
 
 
 # --- kustomize ----------------------------------------------------------------------------

@@ -17,10 +17,17 @@ what a JobSet restart does), after a few pod retries for initializers (their dow
 where they stopped, and nothing else runs while they do). ``maxRestarts`` bounds the JobSet
 restarts; every restart re-runs every Job, initializers included (they find their files done).
 
+The pod's ``terminationGracePeriodSeconds`` is derived from the launcher's grace period (what
+its ranks get after SIGTERM to write a checkpoint) plus :data:`TERMINATION_MARGIN`, the time the
+launcher needs after the grace to write its termination message; :func:`grace_period_for` is the
+inverse, for a pod whose grace a TrainJob raised (``LAUNCHER_TERMINATION_GRACE_PERIOD_SECONDS``).
+
 Pure: dicts in the shapes of the Kubernetes and JobSet APIs, no I/O.
 """
 
 from __future__ import annotations
+
+import math
 
 from launcher.core.reasons import DEFAULT_RETRYABLE_EXIT_CODES, SUCCESS
 
@@ -31,6 +38,13 @@ DISRUPTION_CONDITION = "DisruptionTarget"
 # The reasons a failed Job reports (its Failed condition), which JobSet rules match on.
 REASON_POD_FAILURE_POLICY = "PodFailurePolicy"
 REASON_BACKOFF_LIMIT = "BackoffLimitExceeded"
+
+# The launcher's grace period by default (LAUNCHER_GRACE_PERIOD): after SIGTERM, how long its
+# ranks have to finish (write a checkpoint) before SIGKILL.
+DEFAULT_GRACE_PERIOD = 25.0
+# What the pod's grace holds beyond the launcher's: after the grace, the launcher kills what is
+# left, judges the job and writes its termination message before the kubelet's SIGKILL.
+TERMINATION_MARGIN = 5
 
 TRAINER_BACKOFF_LIMIT = 0
 INITIALIZER_BACKOFF_LIMIT = 3
@@ -52,6 +66,20 @@ def container_for(replicated_job: str) -> str:
 
 def backoff_limit_for(replicated_job: str) -> int:
     return INITIALIZER_BACKOFF_LIMIT if replicated_job in INITIALIZER_JOBS else TRAINER_BACKOFF_LIMIT
+
+
+def termination_grace_period_seconds(grace_period: float = DEFAULT_GRACE_PERIOD) -> int:
+    """The pod's ``terminationGracePeriodSeconds`` for a launcher whose grace is ``grace_period``
+    seconds: the whole grace, then the launcher's margin to write its termination message."""
+    return math.ceil(grace_period) + TERMINATION_MARGIN
+
+
+def grace_period_for(termination_grace_period: int) -> float:
+    """The launcher's grace in a pod whose ``terminationGracePeriodSeconds`` is this: the
+    inverse of :func:`termination_grace_period_seconds` (a pod's grace must exceed the margin)."""
+    if termination_grace_period <= TERMINATION_MARGIN:
+        raise ValueError(f"a pod's grace of {termination_grace_period}s leaves its ranks none")
+    return float(termination_grace_period - TERMINATION_MARGIN)
 
 
 def tolerated_exit_codes(retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES) -> list[int]:
@@ -85,12 +113,22 @@ def pod_failure_policy(container: str, retryable_codes: frozenset[int] = DEFAULT
     }
 
 
-def job_policy(replicated_job: str, retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES) -> dict:
-    """The failure-handling fields of a replicated job's Job spec (``template.spec``)."""
+def job_policy(
+    replicated_job: str,
+    retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
+) -> dict:
+    """The failure-handling fields of a replicated job's Job spec (``template.spec``), and the
+    pod's grace that lets a launcher with ``grace_period`` write its termination message."""
     return {
         "backoffLimit": backoff_limit_for(replicated_job),
         "podFailurePolicy": pod_failure_policy(container_for(replicated_job), retryable_codes),
-        "template": {"spec": {"restartPolicy": RESTART_POLICY}},
+        "template": {
+            "spec": {
+                "restartPolicy": RESTART_POLICY,
+                "terminationGracePeriodSeconds": termination_grace_period_seconds(grace_period),
+            }
+        },
     }
 
 
@@ -109,11 +147,12 @@ def policy(
     replicated_job: str = "node",
     retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES,
     max_restarts: int = MAX_RESTARTS,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
 ) -> dict:
     """Everything a runtime needs for one replicated job, as ``trainer-launcher policy`` prints it."""
     return {
         "replicatedJob": replicated_job,
         "retryableExitCodes": sorted(retryable_codes),
-        "job": job_policy(replicated_job, retryable_codes),
+        "job": job_policy(replicated_job, retryable_codes, grace_period),
         "jobSet": {"failurePolicy": jobset_failure_policy(max_restarts)},
     }
