@@ -165,8 +165,10 @@ def _parser(commands_by_name: dict[str, Command]) -> argparse.ArgumentParser:
 
     policy = commands.add_parser(
         "policy",
-        help="print the runtimes' Job/JobSet failure policy derived from the exit-code table, as JSON",
-        usage="trainer-launcher policy [--job NAME] [--max-restarts N] [--retryable-exit-codes CODES]",
+        help="print the runtimes' Job/JobSet failure policy derived from the exit-code table, and the pod's "
+        "grace derived from the launcher's, as JSON",
+        usage="trainer-launcher policy [--job NAME] [--max-restarts N] [--retryable-exit-codes CODES] "
+        "[--grace-period DURATION]",
     )
     policy.add_argument(
         "--job",
@@ -177,8 +179,9 @@ def _parser(commands_by_name: dict[str, Command]) -> argparse.ArgumentParser:
     policy.add_argument(
         "--max-restarts", type=int, default=None, metavar="N", help="JobSet restarts for retryable failures"
     )
-    knob = KNOBS["retryable_exit_codes"]
-    policy.add_argument(knob.flag, dest="retryable_exit_codes", metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
+    for name in ("retryable_exit_codes", "grace_period"):
+        knob = KNOBS[name]
+        policy.add_argument(knob.flag, dest=name, metavar="VALUE", help=f"{knob.help} [env {knob.env}]")
 
     smoke = commands.add_parser(
         "smoke",
@@ -290,6 +293,6 @@ def _policy(overrides: dict, job: str, max_restarts: int | None) -> int:
         if max_restarts is not None and max_restarts < 0:
             raise ConfigError("--max-restarts", max_restarts, "a count of JobSet restarts, 0 or more")
         restarts = failure_policy.MAX_RESTARTS if max_restarts is None else max_restarts
-        return failure_policy.policy(job, launcher.retryable_exit_codes, restarts)
+        return failure_policy.policy(job, launcher.retryable_exit_codes, restarts, launcher.grace_period)
 
     return print_plan(overrides, build)

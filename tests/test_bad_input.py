@@ -111,6 +111,11 @@ CASES = [
     plan_env("grace-period-non-numeric", "LAUNCHER_GRACE_PERIOD", "abc"),
     plan_env("grace-period-bad-unit", "LAUNCHER_GRACE_PERIOD", "10x"),
     plan_env("grace-period-over-7-days", "LAUNCHER_GRACE_PERIOD", "999999999"),
+    plan_env("pod-grace-a-duration", "LAUNCHER_TERMINATION_GRACE_PERIOD_SECONDS", "10m"),
+    plan_env("pod-grace-within-the-margin", "LAUNCHER_TERMINATION_GRACE_PERIOD_SECONDS", "5"),
+    # The pod's grace raised to 600 s, the launcher's set to all of it: no time left for the message.
+    plan_env("grace-period-beyond-the-pods", "LAUNCHER_GRACE_PERIOD", "600",
+             LAUNCHER_TERMINATION_GRACE_PERIOD_SECONDS="600"),
     plan_env("rendezvous-timeout-word", "LAUNCHER_RENDEZVOUS_TIMEOUT", "soon"),
     plan_env("retryable-codes-zero", "LAUNCHER_RETRYABLE_EXIT_CODES", "0"),
     plan_env("retryable-codes-256", "LAUNCHER_RETRYABLE_EXIT_CODES", "256"),

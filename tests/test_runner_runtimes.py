@@ -220,8 +220,9 @@ def test_every_pod_gets_a_memory_backed_dev_shm(runtime: Runtime):
 
 
 @each_runtime
-def test_the_pods_grace_period_leaves_room_for_the_launchers_teardown(runtime: Runtime):
-    assert runtime.pod["terminationGracePeriodSeconds"] > LauncherSettings.model_fields["grace_period"].default
+def test_the_pods_grace_period_is_the_launchers_and_its_margin(runtime: Runtime):
+    grace = LauncherSettings.model_fields["grace_period"].default
+    assert runtime.pod["terminationGracePeriodSeconds"] == failure_policy.termination_grace_period_seconds(grace)
 
 
 # --- the failure policy is the exit-code table's -------------------------------------------------

@@ -268,6 +268,9 @@ def test_failure_policy_is_the_one_derived_from_the_exit_code_table(name):
         assert job["backoffLimit"] == expected["backoffLimit"], rjob_name
         assert job["podFailurePolicy"] == expected["podFailurePolicy"], rjob_name
         assert job["template"]["spec"]["restartPolicy"] == expected["template"]["spec"]["restartPolicy"], rjob_name
+        # One value: the launcher's default grace, and the margin it needs for its termination message.
+        pod = expected["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert job["template"]["spec"]["terminationGracePeriodSeconds"] == pod, rjob_name
 
 
 def pod_failure_action(rules: list[dict], exit_codes: dict[str, int], conditions: frozenset[str] = frozenset()) -> str:
@@ -377,6 +380,46 @@ def test_initializers_retry_pods_before_the_jobset_restarts():
     jobs = replicated_jobs(DOCS["torch-distributed-with-initializers.yaml"])
     assert all(jobs[name]["template"]["spec"]["backoffLimit"] > 0 for name in INITIALIZERS)
     assert jobs["node"]["template"]["spec"]["backoffLimit"] == 0
+
+
+# --- who retries what: the table in the docs says what Kubernetes does -------------------------
+
+def test_who_retries_reads_the_policy_as_kubernetes_matches_it():
+    """failure_policy.job_action and jobset_rule (what the docs' table is made of) agree with the
+    matching above, which follows Kubernetes' rules, for every exit code and a disrupted pod."""
+    doc = DOCS["torch-distributed.yaml"]
+    rules = _job(doc, "node")["podFailurePolicy"]["rules"]
+    for code in range(1, 256):
+        assert failure_policy.job_action(code) == pod_failure_action(rules, {"node": code}), code
+        reason = job_failure_reason(_job(doc, "node"), {"node": code})
+        expected = jobset_action(_spec(doc)["failurePolicy"], "node", reason)
+        assert failure_policy.jobset_rule(reason)["action"] == expected, code
+    disrupted = frozenset({"DisruptionTarget"})
+    assert failure_policy.job_action(1, disrupted=True) == pod_failure_action(rules, {"node": 1}, disrupted)
+
+
+def test_who_retries_has_a_row_per_way_a_pod_ends_and_the_module_docstring_agrees():
+    rows = failure_policy.who_retries()
+    assert [row.ending.split(":")[0].split(" (")[0] for row in rows] == ["0", "permanent", "retryable", "pod disrupted"]
+    permanent, retryable, disrupted = rows[1:]
+    assert "restarts left or not" in permanent.launcher  # a permanent verdict ends at once
+    assert failure_policy.MAX_RESTARTS_VARIABLE in retryable.launcher
+    # The docstring's summary: each class's line names the Job's action and the JobSet's.
+    summary = {line.split("(")[0].strip(): line for line in (failure_policy.__doc__ or "").splitlines()
+               if line.startswith("    ") and "(" in line}
+    for key, row in (("permanent", permanent), ("retryable", retryable), ("pod disrupted", disrupted)):
+        job_action = row.job.split("`")[1]
+        assert f"{job_action}:" in summary[key], key
+        if row.jobset.startswith("`"):
+            assert row.jobset.split("`")[1] in summary[key], key
+
+
+def test_the_launchers_restart_knob_is_the_one_the_table_names():
+    from launcher.core.knobs import KNOBS
+
+    if "max_restarts" not in KNOBS:
+        pytest.skip("the launcher's in-place restarts (issue 37) are not in this checkout yet")
+    assert KNOBS["max_restarts"].env == failure_policy.MAX_RESTARTS_VARIABLE
 
 
 def _policy_cli(capsys, *argv: str) -> dict:
@@ -536,11 +579,15 @@ def test_images_are_ours_tagged_with_the_package_version():
     assert all(e["newTag"] == __version__ for e in entries.values())
 
 
-def test_the_launcher_tears_down_within_the_pods_grace_period():
+def test_the_launcher_in_each_pod_stops_its_ranks_within_the_pods_grace_and_keeps_its_margin():
+    """What each pod's grace leaves the launcher is what it takes by default: the ranks get the
+    whole grace to checkpoint, and the kubelet's SIGKILL comes only after the margin."""
     grace = LauncherSettings.model_fields["grace_period"].default
     for doc in DOCS.values():
         for rjob in replicated_jobs(doc).values():
-            assert pod_spec(rjob)["terminationGracePeriodSeconds"] > grace
+            pod = pod_spec(rjob)["terminationGracePeriodSeconds"]
+            assert failure_policy.grace_period_for(pod) == grace
+            assert pod - grace >= failure_policy.TERMINATION_MARGIN
 
 
 # --- kustomize ----------------------------------------------------------------------------

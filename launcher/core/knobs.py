@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from launcher.core.failure_policy import DEFAULT_GRACE_PERIOD, TERMINATION_MARGIN
+
 
 class Override(NamedTuple):
     """A value given on the command line, which wins over the environment."""
@@ -31,7 +33,15 @@ KNOBS: dict[str, Knob] = {
     "grace_period": Knob(
         "LAUNCHER_GRACE_PERIOD",
         "--grace-period",
-        "on teardown, SIGTERM-to-SIGKILL grace; keep it below terminationGracePeriodSeconds; default 25s",
+        "after SIGTERM, how long the ranks have to finish (write a checkpoint) before SIGKILL; default "
+        f"{DEFAULT_GRACE_PERIOD:g}s, or the pod's grace less {TERMINATION_MARGIN}s when "
+        "--termination-grace-period-seconds is given",
+    ),
+    "termination_grace_period_seconds": Knob(
+        "LAUNCHER_TERMINATION_GRACE_PERIOD_SECONDS",
+        "--termination-grace-period-seconds",
+        "the pod's terminationGracePeriodSeconds, where a TrainJob raises it: the launcher's grace "
+        f"becomes it less {TERMINATION_MARGIN}s, kept to write the termination message; default: unset",
     ),
     "termination_log": Knob(
         "LAUNCHER_TERMINATION_LOG",

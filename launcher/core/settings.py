@@ -14,10 +14,19 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from launcher.core import failure_policy
 from launcher.core.knobs import KNOBS, Knob, Override
 from launcher.core.outcome import DEFAULT_RETRYABLE_EXIT_CODES, ConfigError
 
@@ -131,6 +140,17 @@ def parse_bool(raw: Any) -> bool:
     raise Invalid("1 or 0 (true/false, yes/no, on/off)")
 
 
+def parse_pod_grace(raw: Any) -> int:
+    """A pod's terminationGracePeriodSeconds that leaves the ranks a grace: whole seconds above
+    the launcher's margin."""
+    return int_in(
+        failure_policy.TERMINATION_MARGIN + 1,
+        7 * 24 * 3600,
+        f"the pod's terminationGracePeriodSeconds in whole seconds (above the launcher's "
+        f"{failure_policy.TERMINATION_MARGIN}s margin),",
+    )(raw)
+
+
 def parse_exit_codes(raw: Any) -> frozenset[int]:
     if isinstance(raw, frozenset):
         return raw
@@ -207,7 +227,13 @@ class LauncherSettings(Settings):
     """The launcher's own knobs: ``LAUNCHER_*`` variables, each also a CLI flag (launcher.core.knobs)."""
 
     rendezvous_timeout: Annotated[float, NoDecode, parsed(parse_duration)] = _knob("rendezvous_timeout", 600.0)
-    grace_period: Annotated[float, NoDecode, parsed(parse_duration)] = _knob("grace_period", 25.0)
+    # Before grace_period: the grace's check reads it.
+    termination_grace_period_seconds: Annotated[int | None, NoDecode, parsed(parse_pod_grace)] = _knob(
+        "termination_grace_period_seconds", None
+    )
+    grace_period: Annotated[float, NoDecode, parsed(parse_duration)] = _knob(
+        "grace_period", failure_policy.DEFAULT_GRACE_PERIOD
+    )
     termination_log: Annotated[str | None, NoDecode, parsed(parse_output_path)] = _knob("termination_log", None)
     retryable_exit_codes: Annotated[frozenset[int], NoDecode, parsed(parse_exit_codes)] = _knob(
         "retryable_exit_codes", DEFAULT_RETRYABLE_EXIT_CODES
@@ -222,6 +248,27 @@ class LauncherSettings(Settings):
     progress_regex: Annotated[str | None, NoDecode, parsed(parse_regex)] = _knob("progress_regex", None)
     progress_file: Annotated[str | None, NoDecode, parsed(parse_output_path)] = _knob("progress_file", None)
     status_report: Annotated[str, NoDecode, parsed(parse_choice("auto", "off"))] = _knob("status_report", "auto")
+
+    @field_validator("grace_period")
+    @classmethod
+    def _within_the_pods_grace(cls, grace: float, info: ValidationInfo) -> float:
+        """A grace given beside the pod's must leave the launcher its margin within it."""
+        pod = info.data.get("termination_grace_period_seconds")
+        if pod is not None and grace > failure_policy.grace_period_for(pod):
+            raise ValueError(
+                f"a duration of at most {failure_policy.grace_period_for(pod):g}s: the pod's grace "
+                f"(LAUNCHER_TERMINATION_GRACE_PERIOD_SECONDS={pod}) less the "
+                f"{failure_policy.TERMINATION_MARGIN}s the launcher needs to write its termination message"
+            )
+        return grace
+
+    @model_validator(mode="after")
+    def _grace_from_the_pods(self) -> LauncherSettings:
+        """No grace given, but the pod's: the grace is the pod's less the launcher's margin."""
+        pod = self.termination_grace_period_seconds
+        if pod is not None and "grace_period" not in self.model_fields_set:
+            object.__setattr__(self, "grace_period", failure_policy.grace_period_for(pod))  # frozen
+        return self
 
     def plan_json(self) -> dict:
         """The ``launcher`` block of a job's ``plan``: the knobs that decide how it waits, stops and ends."""

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from launcher.core.failure_policy import DEFAULT_GRACE_PERIOD
 from launcher.core.outcome import COMMAND_NOT_FOUND, LauncherError, Reasons
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class _Stream:
 
 
 class Supervisor:
-    def __init__(self, grace_period: float = 25.0, evidence: re.Pattern[str] | None = None):
+    def __init__(self, grace_period: float = DEFAULT_GRACE_PERIOD, evidence: re.Pattern[str] | None = None):
         self.grace_period = grace_period
         self.evidence = evidence
         self.children: list[Child] = []
