@@ -38,6 +38,7 @@ _JOBSET_RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 JOB_FAILURE_REASONS = {"BackoffLimitExceeded", "DeadlineExceeded", "FailedIndexes",
                        "MaxFailedIndexesExceeded", "PodFailurePolicy"}
 POD_FAILURE_ACTIONS = {"FailJob", "FailIndex", "Ignore", "Count"}
+TRAINER_ANCESTOR = ("trainer.kubeflow.org/trainjob-ancestor-step", "trainer")
 
 
 # --- the CRD schema ---------------------------------------------------------------------------
@@ -307,6 +308,8 @@ def jobset_errors(spec: dict) -> list[str]:
                 errors.append(f"failurePolicy rule {rule['name']}: {reason!r} is not a Job failure reason")
     if len(set(rule_names)) != len(rule_names):
         errors.append("failurePolicy: rule names must be unique")
+    if (spec.get("failurePolicy") or {}).get("restartStrategy") == "InPlaceRestart":
+        errors += _in_place_errors(rjobs)
     claims: list[str] = []
     for policy in spec.get("volumeClaimPolicies", []):
         for template in policy["templates"]:
@@ -325,6 +328,24 @@ def jobset_errors(spec: dict) -> list[str]:
                 errors.append(f"volumeClaimPolicies template {claim!r}: no container mounts it")
     if len(set(claims)) != len(claims):
         errors.append("volumeClaimPolicies: template names must be unique")
+    return errors
+
+
+def _in_place_errors(rjobs: list[dict]) -> list[str]:
+    """JobSet v0.12's webhook with its InPlaceRestart gate on (pkg/webhooks/jobset_webhook.go):
+    every replicated job's backoffLimit is MaxInt32, its podReplacementPolicy Failed, and its
+    completions equal its parallelism, both set. Trainer sets those two from numNodes on the
+    trainer's job (the ancestor label), after the runtime and before the webhook."""
+    errors = []
+    for rjob in rjobs:
+        job = rjob["template"]["spec"]
+        if job.get("backoffLimit") != 2**31 - 1:
+            errors.append(f"replicatedJob {rjob['name']}: backoffLimit must be 2147483647 (MaxInt32) with InPlaceRestart")
+        if job.get("podReplacementPolicy") != "Failed":
+            errors.append(f"replicatedJob {rjob['name']}: podReplacementPolicy must be Failed with InPlaceRestart")
+        by_trainer = (rjob["template"].get("metadata") or {}).get("labels", {}).get(TRAINER_ANCESTOR[0]) == TRAINER_ANCESTOR[1]
+        if not by_trainer and (job.get("completions") is None or job.get("completions") != job.get("parallelism")):
+            errors.append(f"replicatedJob {rjob['name']}: completions and parallelism must be set and equal with InPlaceRestart")
     return errors
 
 

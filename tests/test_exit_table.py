@@ -180,6 +180,7 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
 
     from launcher.initializers.errors import CorruptDataError, LocalIOError, PermanentError, TransientError
     from launcher.initializers.lease import LeaseTimeout
+    from launcher.k8s.inplace import NotPermitted
 
     return [
         (LauncherError("an unclassified launcher failure"), CONFIG_ERROR, False),
@@ -189,6 +190,8 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
         (SpawnError("/nonexistent: command not found"), 127, False),
         (SpawnError("/etc/passwd: permission denied", 126), 126, False),
         (UnsupportedVersion("torch='2.3.1': expected torch >=2.4,<2.16"), CONFIG_ERROR, False),
+        # JobSet in-place restart: the API server refused the service account (no Role bound).
+        (NotPermitted("in-place restart: cannot annotate pod p: PATCH /api/v1/...: 403 Forbidden"), CONFIG_ERROR, False),
         # The initializers' storage errors: the same hierarchy, mapped by type.
         (TransientError("connection reset"), TRANSIENT, True),
         (CorruptDataError("the transport's checksum failed"), TRANSIENT, True),

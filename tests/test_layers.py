@@ -27,7 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"frameworks", "progress"}),
     frozenset({"core"}),
     frozenset({"runner"}),
-    frozenset({"status", "local"}),
+    frozenset({"status", "local", "k8s"}),  # k8s: the pod's own requests to the API server (in-place restart)
     frozenset({"initializers", "smoke"}),
     frozenset({"export"}),  # the step after a job: over the initializers' storage, under the frameworks
     frozenset(FRAMEWORK_NAMES),

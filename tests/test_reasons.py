@@ -29,6 +29,7 @@ BY_PATH_RUNNERS = ("jax/run.py", "xgboost/run.py", "runner/")
 OTHER_VOCABULARIES = {
     ("initializers/s3.py", "NotFound"): "an S3 error code, mapped to Reasons.NOT_FOUND",
     ("status/intake.py", "NotFound"): "the reason of a Kubernetes Status reply",
+    ("core/failure_policy.py", "Failed"): "a Job's podReplacementPolicy, which JobSet's in-place restart demands",
 }
 
 

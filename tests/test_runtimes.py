@@ -46,6 +46,10 @@ MPI_FLAVOR = "trainer-launcher/mpi-implementation"
 INITIALIZERS = ("dataset-initializer", "model-initializer")
 # Where validation runs: the first release with podFailurePolicy GA, and the newest shipped.
 KUBERNETES_VERSIONS = ("1.31", "1.37")
+# A runtime that needs a later first release: container restart rules came in 1.34.
+FIRST_KUBERNETES = {"torch-distributed-inplace.yaml": "1.34"}
+IN_PLACE_RBAC = RUNTIMES / "in-place-restart" / "rbac.yaml"
+IN_PLACE_ADMISSION = RUNTIMES / "in-place-restart" / "admission-policy.yaml"
 
 
 def _load(path: Path) -> dict:
@@ -56,6 +60,7 @@ def _load(path: Path) -> dict:
 # Each runtime, and the framework label the Kubeflow SDK finds it by (upstream's names).
 FRAMEWORK_OF = {
     "torch-distributed.yaml": "torch", "torch-distributed-with-initializers.yaml": "torch",
+    "torch-distributed-inplace.yaml": "torch",
     "mpi-distributed.yaml": "mpi", "mpi-distributed-intel.yaml": "mpi", "mpi-distributed-mpich.yaml": "mpi",
     "jax-distributed.yaml": "jax", "xgboost-distributed.yaml": "xgboost",
     "deepspeed-distributed.yaml": "deepspeed", "mlx-distributed.yaml": "mlx",
@@ -68,6 +73,8 @@ FRAMEWORK_IMAGES = {"jax": REGISTRY + "trainer-launcher-jax", "xgboost": REGISTR
 RUNTIME_FILES = sorted(RUNTIMES.glob("*.yaml"))  # the kustomization is .yml
 DOCS = {p.name: _load(p) for p in RUNTIME_FILES}
 TORCH = {n: d for n, d in DOCS.items() if "torch" in d["spec"]["mlPolicy"]}
+IN_PLACE = {n for n, d in DOCS.items()
+            if d["spec"]["template"]["spec"]["failurePolicy"].get("restartStrategy") == failure_policy.IN_PLACE_RESTART_STRATEGY}
 MPI = {n: d for n, d in DOCS.items() if "mpi" in d["spec"]["mlPolicy"]}
 
 needs_crd = pytest.mark.skipif(
@@ -139,6 +146,7 @@ def test_runtime_is_accepted_by_the_upstream_crd_and_the_jobset_webhook(name):
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("name", sorted(DOCS))
 def test_embedded_jobs_and_claims_are_valid_core_objects(name, version):
+    version = max(version, FIRST_KUBERNETES.get(name, version), key=lambda v: tuple(map(int, v.split("."))))
     objects = k8s_checks.embedded_jobs(DOCS[name]) + k8s_checks.embedded_claims(DOCS[name])
     assert [e for obj in objects for e in k8s_checks.core_errors(obj, version)] == []
 
@@ -233,6 +241,13 @@ REJECTED = {
         "torch-distributed-with-initializers.yaml",
         lambda d: _job(d, "node")["template"]["spec"].update(volumes=[{"name": "initializer", "emptyDir": {}}]),
         "which JobSet provides"),
+    "InPlaceRestart: backoffLimit": (
+        "torch-distributed-inplace.yaml", lambda d: _job(d, "node").update(backoffLimit=0), "2147483647 (MaxInt32)"),
+    "InPlaceRestart: podReplacementPolicy": (
+        "torch-distributed-inplace.yaml", lambda d: _job(d, "node").pop("podReplacementPolicy"), "must be Failed"),
+    "InPlaceRestart: completions": (
+        "torch-distributed-with-initializers.yaml",
+        lambda d: _spec(d)["failurePolicy"].update(restartStrategy="InPlaceRestart"), "completions and parallelism"),
     "bad label": ("torch-distributed.yaml",
                   lambda d: d["metadata"]["labels"].update({FRAMEWORK: "torch distributed"}),
                   "not a valid label value"),
@@ -260,17 +275,21 @@ def test_kubernetes_validate_rejects_an_unknown_container_field():
 
 @pytest.mark.parametrize("name", sorted(DOCS))
 def test_failure_policy_is_the_one_derived_from_the_exit_code_table(name):
-    doc = DOCS[name]
-    assert _spec(doc)["failurePolicy"] == failure_policy.jobset_failure_policy()
+    doc, in_place = DOCS[name], name in IN_PLACE
+    assert _spec(doc)["failurePolicy"] == failure_policy.jobset_failure_policy(in_place=in_place)
     for rjob_name, rjob in replicated_jobs(doc).items():
-        expected = failure_policy.job_policy(rjob_name)
+        expected = failure_policy.job_policy(rjob_name, in_place=in_place)
         job = rjob["template"]["spec"]
         assert job["backoffLimit"] == expected["backoffLimit"], rjob_name
+        assert job.get("podReplacementPolicy") == expected.get("podReplacementPolicy"), rjob_name
         assert job["podFailurePolicy"] == expected["podFailurePolicy"], rjob_name
         assert job["template"]["spec"]["restartPolicy"] == expected["template"]["spec"]["restartPolicy"], rjob_name
         # One value: the launcher's default grace, and the margin it needs for its termination message.
         pod = expected["template"]["spec"]["terminationGracePeriodSeconds"]
         assert job["template"]["spec"]["terminationGracePeriodSeconds"] == pod, rjob_name
+        container = only_container(rjob)
+        rules = {key: container[key] for key in ("restartPolicy", "restartPolicyRules") if key in container}
+        assert rules == (failure_policy.container_restart_rules() if in_place else {}), rjob_name
 
 
 def pod_failure_action(rules: list[dict], exit_codes: dict[str, int], conditions: frozenset[str] = frozenset()) -> str:
@@ -317,7 +336,21 @@ def jobset_action(policy: dict, rjob_name: str, reason: str) -> str:
     return "RestartJobSet"
 
 
+def restarted_in_place(pod: dict, exit_codes: dict[str, int]) -> bool:
+    """Kubernetes' container restart rules (1.34+): a container whose exit code matches its first
+    matching Restart rule is restarted where it runs, and its pod does not fail."""
+    for container in pod["containers"]:
+        code = exit_codes.get(container["name"])
+        for rule in container.get("restartPolicyRules", []) if code is not None else []:
+            values, operator = rule["exitCodes"]["values"], rule["exitCodes"]["operator"]
+            if (code in values) == (operator == "In"):
+                return rule["action"] == "Restart"
+    return False
+
+
 def verdict(doc: dict, rjob_name: str, exit_codes: dict[str, int], conditions: frozenset[str] = frozenset()) -> str:
+    if not conditions and restarted_in_place(_job(doc, rjob_name)["template"]["spec"], exit_codes):
+        return "RestartInPlace"
     reason = job_failure_reason(_job(doc, rjob_name), exit_codes, conditions)
     return "PodReplaced" if reason is None else jobset_action(_spec(doc)["failurePolicy"], rjob_name, reason)
 
@@ -341,8 +374,9 @@ def test_kubernetes_retries_exactly_the_failures_the_launcher_calls_retryable(na
     assert _spec(doc)["failurePolicy"]["maxRestarts"] > 0
     for rjob_name, rjob in replicated_jobs(doc).items():
         container = only_container(rjob)["name"]
+        retry = "RestartInPlace" if name in IN_PLACE else "RestartJobSet"
         for outcome in every_outcome():
-            expected = "RestartJobSet" if is_retryable(outcome.exit_code, DEFAULT_RETRYABLE_EXIT_CODES) else "FailJobSet"
+            expected = retry if is_retryable(outcome.exit_code, DEFAULT_RETRYABLE_EXIT_CODES) else "FailJobSet"
             got = verdict(doc, rjob_name, {container: outcome.exit_code})
             assert got == expected, (rjob_name, outcome.exit_code, outcome.reason)
 
@@ -588,6 +622,91 @@ def test_the_launcher_in_each_pod_stops_its_ranks_within_the_pods_grace_and_keep
             pod = pod_spec(rjob)["terminationGracePeriodSeconds"]
             assert failure_policy.grace_period_for(pod) == grace
             assert pod - grace >= failure_policy.TERMINATION_MARGIN
+
+
+# --- in-place restart (launcher/k8s/inplace.py) --------------------------------------------
+
+def _env_sources(container: dict) -> dict[str, str]:
+    """Each variable's value, or the field the downward API takes it from."""
+    return {item["name"]: item["value"] if "value" in item else item["valueFrom"]["fieldRef"]["fieldPath"]
+            for item in container.get("env", [])}
+
+
+@pytest.mark.parametrize("name", sorted(IN_PLACE))
+def test_in_place_runtimes_give_the_launcher_what_jobsets_agent_reads(name, tmp_path):
+    from launcher.k8s import api, inplace
+
+    (rjob,) = replicated_jobs(DOCS[name]).values()
+    env = _env_sources(only_container(rjob))
+    assert env[inplace.JOBSET_NAME_ENV] == "metadata.annotations['jobset.sigs.k8s.io/jobset-name']"
+    assert env[inplace.POD_NAME_ENV] == "metadata.name"
+    (tmp_path / "namespace").write_text("team-a")
+    agent = inplace.InPlaceRestart.from_env({
+        inplace.JOBSET_NAME_ENV: "llama", inplace.POD_NAME_ENV: "llama-node-0-0-x2b4q",
+        inplace.EXIT_CODE_ENV: env[inplace.EXIT_CODE_ENV], api.HOST_ENV: "10.96.0.1",
+        api.SERVICE_ACCOUNT_DIR_ENV: str(tmp_path)})
+    assert agent is not None
+    # The launcher's exit when the JobSet asks restarts its container in place, and is retryable.
+    assert verdict(DOCS[name], "node", {"node": agent.exit_code}) == "RestartInPlace"
+    assert is_retryable(agent.exit_code, DEFAULT_RETRYABLE_EXIT_CODES)
+    assert pod_spec(rjob)["serviceAccountName"] == _load_all(IN_PLACE_RBAC)[0]["metadata"]["name"]
+
+
+def _load_all(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return list(yaml.safe_load_all(handle))
+
+
+def test_the_in_place_service_account_is_bound_to_its_role():
+    account, role, binding = _load_all(IN_PLACE_RBAC)
+    assert (account["kind"], role["kind"], binding["kind"]) == ("ServiceAccount", "Role", "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"]}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    # Namespaced objects without a namespace: `kubectl apply -n <namespace>` places them.
+    assert all("namespace" not in obj["metadata"] for obj in (account, role, binding))
+    for obj in (account, role, binding, *_load_all(IN_PLACE_ADMISSION)):
+        assert k8s_checks.core_errors(obj, KUBERNETES_VERSIONS[-1]) == []
+
+
+def _admits(old: dict, new: dict, username: str) -> bool:
+    """The admission policy as the API server evaluates it, with cel-python: True when the
+    update is let through (not matched, or every validation holds)."""
+    import celpy
+    from celpy import celtypes
+
+    policy = _load_all(IN_PLACE_ADMISSION)[0]["spec"]
+    environment = celpy.Environment()
+
+    def evaluate(expression: str, activation: dict):
+        return environment.program(environment.compile(expression)).evaluate(activation)
+
+    request = {"request": celpy.json_to_cel({"userInfo": {"username": username}})}
+    if not all(evaluate(c["expression"], request) for c in policy["matchConditions"]):
+        return True
+    activation = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old)}
+    variables: dict = {}
+    for variable in policy["variables"]:
+        activation["variables"] = celtypes.MapType(variables)
+        variables[celtypes.StringType(variable["name"])] = evaluate(variable["expression"], activation)
+    activation["variables"] = celtypes.MapType(variables)
+    return all(evaluate(v["expression"], activation) for v in policy["validations"])
+
+
+@pytest.mark.parametrize("change, admitted", [
+    (lambda pod: pod["metadata"].setdefault("annotations", {}).update({"jobset.sigs.k8s.io/in-place-restart-attempt": "1"}), True),
+    (lambda pod: pod["metadata"]["annotations"].update({"team": "b"}), False),
+    (lambda pod: pod["metadata"]["labels"].update({"app": "other"}), False),
+    (lambda pod: pod["metadata"].update(finalizers=["example.com/hold"]), False),
+    (lambda pod: pod["spec"]["containers"][0].update(image="elsewhere/evil:1"), False),
+], ids=["the attempt", "another annotation", "a label", "a finalizer", "the spec"])
+def test_the_admission_policy_lets_the_in_place_account_change_only_the_attempt(change, admitted):
+    old = {"metadata": {"name": "llama-node-0-0-x2b4q", "labels": {"app": "llama"}, "annotations": {"team": "a"}},
+           "spec": {"containers": [{"name": "node", "image": "ghcr.io/trainer-launcher/trainer-launcher-torch:0.1.0"}]}}
+    new = copy.deepcopy(old)
+    change(new)
+    account = "system:serviceaccount:team-a:trainer-launcher-in-place-restart"
+    assert _admits(old, new, account) == admitted
+    assert _admits(old, new, "system:serviceaccount:team-a:default")  # others: not this policy's business
 
 
 # --- kustomize ----------------------------------------------------------------------------

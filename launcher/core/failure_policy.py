@@ -26,6 +26,14 @@ its ranks get after SIGTERM to write a checkpoint) plus :data:`TERMINATION_MARGI
 launcher needs after the grace to write its termination message; :func:`grace_period_for` is the
 inverse, for a pod whose grace a TrainJob raised (``LAUNCHER_TERMINATION_GRACE_PERIOD_SECONDS``).
 
+With JobSet's in-place restart (``in_place=True``, the in-place runtime under ``runtimes/``) a
+retryable code restarts the trainer's container where it runs (its ``restartPolicyRules``), the
+pod does not fail, and the other pods restart theirs when the JobSet asks them to
+(:mod:`launcher.k8s.inplace`); a permanent code still fails the pod, podFailurePolicy still fails
+the Job and the JobSet. JobSet v0.12's webhook demands ``backoffLimit`` MaxInt32 and
+``podReplacementPolicy: Failed`` there: a pod lost with its node is replaced, and its newcomer
+joins at the next attempt.
+
 Pure: dicts in the shapes of the Kubernetes and JobSet APIs, no I/O.
 """
 
@@ -57,6 +65,10 @@ MAX_RESTARTS_VARIABLE = "LAUNCHER_MAX_RESTARTS"
 TRAINER_BACKOFF_LIMIT = 0
 INITIALIZER_BACKOFF_LIMIT = 3
 MAX_RESTARTS = 3
+# JobSet's in-place restart: what its webhook demands of every replicated job, and the strategy.
+IN_PLACE_BACKOFF_LIMIT = 2**31 - 1
+IN_PLACE_POD_REPLACEMENT = "Failed"
+IN_PLACE_RESTART_STRATEGY = "InPlaceRestart"
 
 # Replicated job -> the container whose exit code decides (Trainer's names).
 INITIALIZER_JOBS = ("dataset-initializer", "model-initializer")
@@ -125,30 +137,46 @@ def job_policy(
     replicated_job: str,
     retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES,
     grace_period: float = DEFAULT_GRACE_PERIOD,
+    in_place: bool = False,
 ) -> dict:
     """The failure-handling fields of a replicated job's Job spec (``template.spec``), and the
     pod's grace that lets a launcher with ``grace_period`` write its termination message."""
-    return {
-        "backoffLimit": backoff_limit_for(replicated_job),
-        "podFailurePolicy": pod_failure_policy(container_for(replicated_job), retryable_codes),
-        "template": {
-            "spec": {
-                "restartPolicy": RESTART_POLICY,
-                "terminationGracePeriodSeconds": termination_grace_period_seconds(grace_period),
-            }
-        },
+    policy: dict = {"backoffLimit": IN_PLACE_BACKOFF_LIMIT if in_place else backoff_limit_for(replicated_job)}
+    if in_place:
+        policy["podReplacementPolicy"] = IN_PLACE_POD_REPLACEMENT
+    policy["podFailurePolicy"] = pod_failure_policy(container_for(replicated_job), retryable_codes)
+    policy["template"] = {
+        "spec": {
+            "restartPolicy": RESTART_POLICY,
+            "terminationGracePeriodSeconds": termination_grace_period_seconds(grace_period),
+        }
     }
+    return policy
 
 
-def jobset_failure_policy(max_restarts: int = MAX_RESTARTS) -> dict:
-    """JobSet rules, first match wins. Rule names allow letters, digits, ``_,:`` only."""
+def container_restart_rules(retryable_codes: frozenset[int] = DEFAULT_RETRYABLE_EXIT_CODES) -> dict:
+    """The trainer container's own restart policy under in-place restart (Kubernetes 1.34+,
+    container restart rules): a retryable code restarts it where it runs, any other ends it and
+    the pod fails. The in-place restart agent's exit code must be one of these."""
     return {
-        "maxRestarts": max_restarts,
-        "rules": [
-            {"name": "PermanentExitCode", "action": "FailJobSet", "onJobFailureReasons": [REASON_POD_FAILURE_POLICY]},
-            {"name": "RetryableFailure", "action": "RestartJobSet", "onJobFailureReasons": [REASON_BACKOFF_LIMIT]},
+        "restartPolicy": RESTART_POLICY,
+        "restartPolicyRules": [
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": sorted(retryable_codes)}},
         ],
     }
+
+
+def jobset_failure_policy(max_restarts: int = MAX_RESTARTS, in_place: bool = False) -> dict:
+    """JobSet rules, first match wins. Rule names allow letters, digits, ``_,:`` only. In place,
+    ``maxRestarts`` bounds the in-place attempts too (JobSet fails the JobSet past it)."""
+    policy: dict = {"maxRestarts": max_restarts}
+    if in_place:
+        policy["restartStrategy"] = IN_PLACE_RESTART_STRATEGY
+    policy["rules"] = [
+        {"name": "PermanentExitCode", "action": "FailJobSet", "onJobFailureReasons": [REASON_POD_FAILURE_POLICY]},
+        {"name": "RetryableFailure", "action": "RestartJobSet", "onJobFailureReasons": [REASON_BACKOFF_LIMIT]},
+    ]
+    return policy
 
 
 def policy(
