@@ -105,6 +105,36 @@ def test_an_ipv6_coordinator_is_waited_for_without_brackets():
     assert planned.coordinator_address == "[fd00::1]:29500"
 
 
+# --- restarts in place ------------------------------------------------------------------------
+
+def test_a_restart_moves_the_coordinator_a_port_per_generation_and_tells_the_program():
+    first, third = plan(["python", "t.py"]), plan_jax(settings(), facts(), ("python", "t.py"), {}, generation=2)
+    assert first.coordinator_address == "tj-node-0-0.tj:29500" and "JAX_COORDINATOR_ADDRESS" not in first.env_set
+    assert third.coordinator_address == "tj-node-0-0.tj:29502"
+    assert third.env_set["JAX_COORDINATOR_ADDRESS"] == "tj-node-0-0.tj:29502"
+    assert third.connect == ("tj-node-0-0.tj", 29502)
+
+
+def test_a_coordinator_port_without_room_for_the_restarts_is_refused_naming_it():
+    from launcher.core.outcome import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        plan_jax(settings(coordinator=("tj", 65535)), facts(), ("python", "t.py"), {}, generation=1)
+    assert str(refused.value) == (
+        "JAX_COORDINATOR_ADDRESS='tj:65535': expected a port with room for 1 restarts above it (up to 65535)"
+    )
+
+
+def test_the_runner_keys_its_stop_record_by_the_launchers_restart_count():
+    from launcher.jax import run as runner
+    from launcher.runner import report as records
+
+    env = {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1", "JAX_COORDINATOR_ADDRESS": "tj:29501"}
+    assert runner.Config(env).stop_key == records.stop_key(0)
+    config = runner.Config({**env, "LAUNCHER_RESTART_COUNT": "1"})
+    assert (config.generation, config.stop_key) == (1, records.stop_key(1))
+
+
 def test_cpu_collectives_are_gloo_without_a_gpu_unless_the_user_chose():
     assert plan(["python", "t.py"]).env_set[CPU_COLLECTIVES_ENV] == "gloo"
     assert CPU_COLLECTIVES_ENV not in plan(["python", "t.py"], gpus=8).env_set

@@ -90,6 +90,13 @@ def test_the_first_stop_record_of_a_generation_wins_and_a_new_generation_starts_
     assert records.claim(keys, restarted) == (True, restarted)
 
 
+def test_a_stop_key_holding_another_generations_record_leaves_the_claimers_record_standing():
+    keys = _Keys()
+    keys.values[records.stop_key(1)] = records.StopRecord(generation=0, rank=3, exit_code=1).dumps()
+    mine = records.StopRecord(generation=1, rank=1, exit_code=138)
+    assert records.claim(keys, mine) == (True, mine)
+
+
 def test_a_stop_key_holding_garbage_leaves_the_claimers_record_standing():
     keys = _Keys()
     keys.values[records.stop_key(0)] = "not json"

@@ -283,6 +283,18 @@ def restart_env(generation: int) -> dict[str, str]:
     return {"LAUNCHER_RESTART_COUNT": str(generation)}
 
 
+def generation_port(port: int, generation: int, name: str, given: str | None = None) -> int:
+    """The port of the job's ``generation``-th start in place: ``generation`` above the first one's,
+    so that no process joins the last generation's service (``name``: the setting that gave it,
+    ``given``: its value, where that is more than the port)."""
+    from launcher.core.outcome import ConfigError
+
+    if port + generation > 65535:
+        expected = f"a port with room for {generation} restarts above it (up to 65535)"
+        raise ConfigError(name, given or str(port), expected)
+    return port + generation
+
+
 class Pod:
     """A framework's part of the pod's life. Only :meth:`plan` and :meth:`judge` must be given."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from launcher import status
@@ -64,8 +65,11 @@ class JaxPod(lifecycle.Pod):
 
     def start_early(self, life: lifecycle.Life) -> None:
         command = _early_command(self.jax_overrides, self.rest)
-        if command is None:
-            return
+        if command is not None:
+            self._spawn_runner(life, command)
+
+    def _spawn_runner(self, life: lifecycle.Life, command: python_argv.PythonCommand) -> None:
+        """This generation's runner, held on its go pipe while the launcher waits for the coordinator."""
         self.go_word = life.go_pipe()
         argv = list(runner_argv(command, RUNNER))
         at = argv.index(RUNNER) + 1
@@ -80,6 +84,23 @@ class JaxPod(lifecycle.Pod):
             life.supervisor.release(self.runner)
             self.runner = None
         return lifecycle.Planned(plan, plan.node, _summary(plan), sends=plan.process_id == 0)
+
+    # Every pod concludes a generation alike through the stop record (launcher/jax/run.py): the
+    # process that failed first publishes it and every other adopts its exit code, so the same
+    # verdict, retryable or not, ends every pod; a process that vanished without a word (SIGKILL,
+    # OOM) leaves its peers PeerLost, 138, retryable as the kill's 137 is. One that vanished with a
+    # permanent code (a segfault) is the exception: its peers restart, its pod's exit fails the job.
+    restarts_in_place = True
+
+    def restart(self, life: lifecycle.Life) -> None:
+        """The plan of this generation (its coordinator on a port of its own) and a new runner."""
+        plan = make_plan(self.jax_overrides, self.rest, life.launcher, generation=life.generation)
+        if life.planned is not None:
+            life.planned = replace(life.planned, plan=plan)
+        self.runner = self.go_word = self.child = None
+        command = python_argv.parse(plan.program) if plan.runner else None
+        if command is not None:
+            self._spawn_runner(life, command)
 
     def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
         """Process 0: its own name resolves (its client reaches its service through it). The others:
@@ -101,7 +122,7 @@ class JaxPod(lifecycle.Pod):
         plan, env = life.plan, life.runner_env()
         if self.runner is not None and self.go_word is not None:  # started early: it waits for its word
             self.child = self.runner
-            self.go_word.send({"env": {**plan.env_set, **env, REPORT_ENV: life.path("report.json")}})
+            self.go_word.send({"env": {**plan.env_set, **env, REPORT_ENV: self._report(life)}})
             self.go_word.close()
         else:
             self.child = life.supervisor.spawn("jax", list(plan.argv), {**settings.environ(), **plan.env_set, **env})
@@ -119,16 +140,25 @@ class JaxPod(lifecycle.Pod):
             life.plan,
             supervisor,
             child,
-            records.Report.read(life.path("report.json")),
+            records.Report.read(self._report(life)),
             life.launcher.retryable_exit_codes,
             life.memory,
         )
 
+    @staticmethod
+    def _report(life: lifecycle.Life) -> str:
+        """Where this generation's runner reports how its process ended."""
+        return life.path(f"report-{life.generation}.json" if life.generation else "report.json")
+
 
 def make_plan(
-    jax_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings, require_program: bool = True
+    jax_overrides: dict[str, Override],
+    rest: list[str],
+    launcher: LauncherSettings,
+    require_program: bool = True,
+    generation: int = 0,
 ) -> JaxPlan:
-    """Validate JAX_* and the launcher's knobs, read the host, plan."""
+    """Validate JAX_* and the launcher's knobs, read the host, plan ``generation`` (a restart in place)."""
     from launcher.core.runner_command import plan_inputs
     from launcher.jax.plan import JaxFacts, plan_jax
     from launcher.jax.settings import JaxSettings, load_jax
@@ -138,7 +168,7 @@ def make_plan(
     facts = JaxFacts(
         hostname=host.hostname, gpu_count=host.gpu_count, runner=RUNNER, rendezvous_timeout=launcher.rendezvous_timeout
     )
-    return plan_jax(given.settings, facts, given.program, given.sources)
+    return plan_jax(given.settings, facts, given.program, given.sources, generation)
 
 
 def _summary(plan: JaxPlan) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from launcher.core import python_argv
+from launcher.core.lifecycle import generation_port
 
 if TYPE_CHECKING:  # pydantic stays out of the launcher's first milliseconds (see launcher.jax.job)
     from launcher.jax.settings import JaxSettings
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # pydantic stays out of the launcher's first milliseconds (se
 INIT_TIMEOUT_ENV = "TRAINER_LAUNCHER_JAX_INIT_TIMEOUT"
 REPORT_ENV = "TRAINER_LAUNCHER_JAX_REPORT"
 CPU_COLLECTIVES_ENV = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
+COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
 
 
 @dataclass(frozen=True)
@@ -92,24 +94,35 @@ def _runner_choice(jax: JaxSettings, program: tuple[str, ...]) -> tuple[python_a
     )
 
 
-def plan_jax(jax: JaxSettings, facts: JaxFacts, program: tuple[str, ...], sources: dict[str, str]) -> JaxPlan:
+def plan_jax(
+    jax: JaxSettings, facts: JaxFacts, program: tuple[str, ...], sources: dict[str, str], generation: int = 0
+) -> JaxPlan:
+    """``generation``: which start in place of the job this plans (launcher.core.lifecycle): its
+    coordinator listens ``generation`` ports above the first one's, so that a process never joins
+    the last generation's coordination service."""
     command, why = _runner_choice(jax, program)
     argv = runner_argv(command, facts.runner) if command is not None else program
     env: dict[str, str] = {}
+    coordinator = jax.coordinator
+    if coordinator is not None and generation:
+        name = sources.get("coordinator") or COORDINATOR_ENV
+        given = f"{coordinator[0]}:{coordinator[1]}"
+        coordinator = (coordinator[0], generation_port(coordinator[1], generation, name, given))
+        env[COORDINATOR_ENV] = f"{coordinator[0]}:{coordinator[1]}"
     if facts.gpu_count == 0 and jax.cpu_collectives is None:
         # Without it a JAX older than 0.5 has no cross-process collectives on CPU at all.
         env[CPU_COLLECTIVES_ENV] = "gloo"
     if command is not None:
         env[INIT_TIMEOUT_ENV] = str(max(1, math.ceil(facts.rendezvous_timeout)))
     resolve, connect = None, None
-    if jax.coordinator is not None:
-        resolve = jax.coordinator[0].strip("[]")
+    if coordinator is not None:
+        resolve = coordinator[0].strip("[]")
         if jax.process_id != 0:
-            connect = (resolve, jax.coordinator[1])
+            connect = (resolve, coordinator[1])
     return JaxPlan(
         process_id=jax.process_id,
         num_processes=jax.num_processes,
-        coordinator=jax.coordinator,
+        coordinator=coordinator,
         node=facts.hostname,
         gpu_count=facts.gpu_count,
         program=tuple(program),

@@ -51,7 +51,8 @@ REPORT_ENV = "TRAINER_LAUNCHER_JAX_REPORT"
 CPU_COLLECTIVES_ENV = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
 
 PREFIX = "trainer-launcher/"
-GENERATION = 0  # which start of the job this is: one, until restarts in place exist
+# Which start in place of the job this is (launcher.core.lifecycle.restart_env): its stop record's key.
+RESTART_COUNT_ENV = "LAUNCHER_RESTART_COUNT"
 DONE = json.dumps({"done": True})  # the stop key's value once the job succeeded: wakes every watcher
 ACK_PREFIX = PREFIX + "ack/"
 FINISHED_BARRIER = PREFIX + "finished"
@@ -81,7 +82,6 @@ else:  # through the one loader beside it (launcher/runner/_trainer_launcher_loa
 
 # The report to the launcher and the job's stop record (launcher/runner/report.py).
 records = program.records()
-STOP_KEY = records.stop_key(GENERATION)
 # Every use of jax's internals, behind feature checks (launcher/jax/compat.py).
 compat = program.load_sibling(__file__, "compat.py", "_trainer_launcher_jax_compat")
 # The runner's own bug told apart from the program's failure (launcher/core/crash.py).
@@ -137,6 +137,8 @@ class Config:
         self.num_processes = self._int(environ, "JAX_NUM_PROCESSES", "1", 1)
         self.process_id = self._int(environ, "JAX_PROCESS_ID", environ.get("JOB_COMPLETION_INDEX") or "0", 0)
         self.init_timeout = self._int(environ, INIT_TIMEOUT_ENV, "300", 1)
+        self.generation = self._int(environ, RESTART_COUNT_ENV, "0", 0)
+        self.stop_key = records.stop_key(self.generation)
         self.report_path = environ.get(REPORT_ENV) or None
         self.node = environ.get("HOSTNAME") or socket.gethostname()
         if self.process_id >= self.num_processes:
@@ -290,12 +292,15 @@ class Session:
     def _watch(self) -> None:
         while not self._closing.is_set():
             try:
-                value = self._store().get(STOP_KEY, WATCH_MS)
+                value = self._store().get(self.config.stop_key, WATCH_MS)
             except Exception as error:  # noqa: BLE001 - a timeout, or a store that is gone
                 if "DEADLINE_EXCEEDED" not in str(error):
                     self._closing.wait(WATCH_MS / 1000)  # JAX's own error polling ends us if it is gone
                 continue
             record = records.StopRecord.parse(value)
+            if record is not None and record.generation != self.config.generation:
+                self._closing.wait(WATCH_MS / 1000)  # another generation's record: not this one's stop
+                continue
             if record is None or not self._finishing.acquire(blocking=False):
                 return  # the job finished (the store holds DONE), or we are ending already
             self._stop(record)
@@ -340,16 +345,16 @@ class Session:
         if self.store is None or config.num_processes == 1:
             report(config, "failed", code, error=error)
             leave(code)
-        if error and PEER_LOSS.search(error) and self.store.try_get(STOP_KEY) is None:
+        if error and PEER_LOSS.search(error) and self.store.try_get(config.stop_key) is None:
             try:
-                self.store.get(STOP_KEY, int(PEER_WAIT * 1000))
+                self.store.get(config.stop_key, int(PEER_WAIT * 1000))
             except Exception as unanswered:  # noqa: BLE001 - nobody published: a peer vanished without a word
                 # The store itself gone (not a wait that timed out): the coordinator's pod was lost.
                 gone = None if "DEADLINE_EXCEEDED" in str(unanswered) else config.coordinator
                 report(config, "peerLost", code, error=error, peer=gone)
                 leave(code)
         mine = records.StopRecord(
-            GENERATION,
+            config.generation,
             node=config.node,
             node_rank=config.process_id,
             rank=config.process_id,
@@ -377,7 +382,7 @@ class Session:
             time.sleep(PEER_WAIT)  # its stop record, if any, reaches the watcher meanwhile
             self.failed(1, f"the job's final barrier failed: {program.describe(error)}")
         with contextlib.suppress(Exception):  # another process woke them first
-            self._store().set(STOP_KEY, DONE, overwrite=False)
+            self._store().set(self.config.stop_key, DONE, overwrite=False)
         self._closing.set()
         self._watcher.join()
 

@@ -227,13 +227,14 @@ def stop_key(generation: int) -> str:
 
 def claim(transport: Transport, record: StopRecord) -> tuple[bool, StopRecord]:
     """Publish ``record`` unless its generation has one: (whether ours won, the one that did).
-    A value there that is not a record (a stranger's, or a torn write) leaves ours standing."""
+    A value there that is not a record of its generation (a stranger's, a torn write, an earlier
+    generation's) leaves ours standing."""
     mine = record.dumps()
     held = transport.claim(stop_key(record.generation), mine)
     if held == mine:
         return True, record
     winner = StopRecord.parse(held)
-    return (False, winner) if winner is not None else (True, record)
+    return (False, winner) if winner is not None and winner.generation == record.generation else (True, record)
 
 
 # --- fields ---------------------------------------------------------------------------------------

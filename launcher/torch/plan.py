@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from launcher.core.devices import Accelerators, HostFacts, resolve_nproc
 from launcher.core.knobs import Override
+from launcher.core.lifecycle import generation_port
 from launcher.core.outcome import ConfigError
 from launcher.status import flight
 from launcher.torch import args as torchrun_args
@@ -316,7 +317,7 @@ def for_generation(torch: TorchSettings, sources: dict[str, str], generation: in
     if not generation:
         return torch
     port_name = _name(sources, "master_port", "PET_MASTER_PORT")
-    update: dict = {"master_port": _port(torch.master_port, generation, port_name)}
+    update: dict = {"master_port": generation_port(torch.master_port, generation, port_name)}
     backend = torch.rdzv_backend or ""
     if backend.startswith("etcd"):
         update["rdzv_id"] = f"{torch.rdzv_id or DEFAULT_RDZV_ID}-{generation}"
@@ -324,14 +325,8 @@ def for_generation(torch: TorchSettings, sources: dict[str, str], generation: in
         host, port = torch_endpoint(torch.rdzv_endpoint, C10D_DEFAULT_PORT)
         name = _name(sources, "rdzv_endpoint", "PET_RDZV_ENDPOINT")
         if port is not None and port > 0:
-            update["rdzv_endpoint"] = f"{_bracketed(host)}:{_port(port, generation, name)}"
+            update["rdzv_endpoint"] = f"{_bracketed(host)}:{generation_port(port, generation, name)}"
     return torch.model_copy(update=update)
-
-
-def _port(port: int, generation: int, name: str) -> int:
-    if port + generation > 65535:
-        raise ConfigError(name, str(port), f"a port with room for {generation} restarts above it (up to 65535)")
-    return port + generation
 
 
 def flight_recorder_env(user_env: Mapping[str, str], directory: str) -> dict[str, str]:

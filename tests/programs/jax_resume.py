@@ -1,0 +1,75 @@
+"""A JAX training loop that checkpoints every step and resumes from its checkpoint (the shape of
+resume.py, torch's): process 0 saves the step and the weight, every process loads them at start.
+One cross-process allgather a step (gloo on CPU).
+
+CKPT        the checkpoint file (default: none, so no resume)
+STEPS       how many steps the job has (default 8)
+FAIL        <ending>@<step>[@<generations>]: process FAIL_ID ends so at that step, in the given
+            generations (comma-separated; default 0: only the first start), where the generation is
+            the launcher's restart count (LAUNCHER_RESTART_COUNT). <ending>: exit:<code> |
+            signal:<NAME>
+FAIL_ID     the process that fails (default 1)
+REPORT_DIR  each process appends "<generation> <step> <coordinator>" per step done to
+            <process id>.steps (the coordinator: JAX_COORDINATOR_ADDRESS as the process saw it)
+"""
+
+import gc
+import json
+import os
+import signal
+import sys
+import time
+
+gc.disable()  # the collector paused over the imports (README.md: CI time)
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+
+gc.freeze()
+gc.enable()
+
+generation = int(os.environ["LAUNCHER_RESTART_COUNT"])
+checkpoint = os.environ.get("CKPT")
+steps = int(os.environ.get("STEPS", "8"))
+report_dir = os.environ.get("REPORT_DIR")
+fail_id = int(os.environ.get("FAIL_ID", "1"))
+ending, fail_step, fail_generations = None, -1, ()
+if os.environ.get("FAIL"):
+    parts = os.environ["FAIL"].split("@")
+    ending, fail_step = parts[0], int(parts[1])
+    fail_generations = tuple(int(g) for g in (parts[2] if len(parts) > 2 else "0").split(","))
+
+
+def end() -> None:
+    how, _, what = ending.partition(":")
+    if how == "exit":
+        sys.exit(int(what))
+    os.kill(os.getpid(), signal.Signals[what])
+    time.sleep(60)
+
+
+jax.distributed.initialize()
+me = jax.process_index()
+start, weight = 0, 0.0
+if checkpoint and os.path.exists(checkpoint):
+    with open(checkpoint) as handle:
+        saved = json.load(handle)
+    start, weight = saved["step"] + 1, saved["weight"]
+for step in range(start, steps):
+    if me == fail_id and step == fail_step and generation in fail_generations:
+        end()
+    # Each process adds its share; the sum over the world is 1 a step.
+    gathered = multihost_utils.process_allgather(jnp.array(1.0 / jax.process_count()))
+    weight += float(gathered.sum())
+    if report_dir:
+        with open(os.path.join(report_dir, f"{me}.steps"), "a") as log:
+            log.write(f"{generation} {step} {os.environ['JAX_COORDINATOR_ADDRESS']}\n")
+    if me == 0 and checkpoint:
+        with open(checkpoint + ".tmp", "w") as handle:
+            json.dump({"step": step, "weight": weight}, handle)
+        os.replace(checkpoint + ".tmp", checkpoint)
+    multihost_utils.sync_global_devices(f"step {step}")  # the checkpoint is down before anyone goes on
+# Every step added 1: a resumed job that lost or repeated a step says so.
+if me == 0:
+    print(f"done: {steps} steps, weight {weight:g}", flush=True)
+    assert round(weight, 6) == steps, f"weight {weight} after {steps} steps"
