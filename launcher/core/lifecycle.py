@@ -21,7 +21,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -60,6 +60,23 @@ class JobWatch(Protocol):
     def close(self) -> None:
         """After delivery: nothing more to send."""
 
+
+class RestartAgent(Protocol):
+    """What the lifecycle needs of JobSet's in-place restart agent (launcher.k8s.inplace): a
+    barrier before the job's processes go, a word when the JobSet asks every pod to restart its
+    container, and the exit code that has the kubelet do it."""
+
+    exit_code: int
+
+    def barrier(self, sleep: Callable[[float], None], deadline: float) -> None: ...
+
+    def restart_requested(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+# The agent from the pod's environment, or None: the pod's JobSet does not restart in place.
+InPlace = Callable[[Mapping[str, str]], "RestartAgent | None"]
 
 # Starts the watch of this pod's job, once it is planned (what it needs is in ``life.planned``), or
 # says None: nothing to watch.
@@ -187,6 +204,8 @@ class Life:
         self.generation = 0
         self.history: list[Outcome] = []  # how each earlier generation ended
         self.max_restarts = 0  # LAUNCHER_MAX_RESTARTS, or the framework's word for it (Planned)
+        self.in_place: RestartAgent | None = None  # JobSet's in-place restart, where the runtime uses it
+        self.restart_asked = False  # the JobSet asked this generation's pods to restart their containers
         # The container's memory cgroup before the job: the judge compares the kernel's OOM count.
         self.memory = memory.read()
         self._pipes: list[GoPipe | Listen] = []
@@ -361,22 +380,31 @@ def live(
     launcher_overrides: dict[str, Override],
     start_watch: StartWatch | None = None,
     export: Export | None = None,
+    in_place: InPlace | None = None,
 ) -> int:
-    """Walk ``pod`` through its life; deliver its outcome; return the exit code."""
+    """Walk ``pod`` through its life; deliver its outcome; return the exit code. ``in_place``: the
+    pod's agent of JobSet's in-place restart, from its environment (launcher.k8s)."""
     with Supervisor() as supervisor:
         life = Life(supervisor, pod.name, launcher_overrides)
         try:
             pod.start_early(life)
             from launcher.core.report import run_command  # pydantic: while the early ones import
 
-            return run_command(launcher_overrides, lambda launcher: _walk(pod, life, launcher, start_watch, export))
+            return run_command(
+                launcher_overrides, lambda launcher: _walk(pod, life, launcher, start_watch, export, in_place)
+            )
         finally:
             life.stop_waiting()
             life.close()
 
 
 def _walk(
-    pod: Pod, life: Life, launcher: LauncherSettings, start_watch: StartWatch | None, export: Export | None
+    pod: Pod,
+    life: Life,
+    launcher: LauncherSettings,
+    start_watch: StartWatch | None,
+    export: Export | None,
+    in_place: InPlace | None = None,
 ) -> Outcome:
     from launcher.core import log
     from launcher.core.outcome import LauncherError, evidence_regex
@@ -388,6 +416,8 @@ def _walk(
     try:
         life.planned = planned = pod.plan(life)
         life.max_restarts = _max_restarts(pod, life, planned)
+        if in_place is not None:
+            life.in_place = _restart_agent(in_place, life)
         if export is not None:
             export.check(life)
     except LauncherError as error:
@@ -423,6 +453,8 @@ def _generation(pod: Pod, life: Life) -> tuple[Outcome, bool]:
         if awaited is not None:
             _await(life, awaited)
         pod.wait(life)
+        if life.in_place is not None:
+            life.in_place.barrier(supervisor.sleep, life.deadline)
     except Interrupted:
         life.interrupted = True  # judged below
         life.stop_waiting()
@@ -431,7 +463,7 @@ def _generation(pod: Pod, life: Life) -> tuple[Outcome, bool]:
         supervisor.kill_all()
         supervisor.run()
         return pod.wait_failed(life, error), False
-    if not life.interrupted and not life.stopping():
+    if not life.interrupted and not life.stopping() and not _restart_asked(life):
         pod.go(life)
     pod.serve(life)
     last = not _may_restart(life)
@@ -440,7 +472,48 @@ def _generation(pod: Pod, life: Life) -> tuple[Outcome, bool]:
     own = pod.judge(life)
     if life.watch is not None and life.watch.hang is not None:
         own = life.watch.hang  # the watch ended the job as hung: the exits are its teardown
+    if life.restart_asked and life.in_place is not None:
+        from launcher.core.outcome import Outcome, Reasons, RootCause
+
+        said = "the JobSet asked every pod to restart its container in place; the job's processes were stopped"
+        code = life.in_place.exit_code
+        return Outcome.of(Reasons.RESTART_ASKED, said, RootCause(node=life.node), exit_code=code), False
     return pod.conclude(life, own), True
+
+
+def _restart_agent(in_place: InPlace, life: Life) -> RestartAgent | None:
+    """The pod's in-place restart agent, with an exit code the runtimes restart a container on."""
+    from launcher.core.outcome import ConfigError
+
+    agent = in_place(os.environ)
+    if agent is None:
+        return None
+    life.closing(agent.close)
+    codes = life.launcher.retryable_exit_codes
+    if agent.exit_code not in codes:
+        expected = f"one of the retryable exit codes {','.join(map(str, sorted(codes)))}"
+        raise ConfigError("IN_PLACE_RESTART_EXIT_CODE", str(agent.exit_code), expected)
+
+    def tick() -> None:
+        _restart_asked(life)
+
+    life.supervisor.tickers.append(tick)
+    return agent
+
+
+def _restart_asked(life: Life) -> bool:
+    """Whether the JobSet asked every pod to restart its container in place; the first time it
+    is seen, this generation's processes are told to stop (their grace period, as on SIGTERM)."""
+    agent = life.in_place
+    if agent is None or life.restart_asked or not agent.restart_requested():
+        return life.restart_asked
+    from launcher.core import log
+
+    life.restart_asked = True
+    log.warning("the JobSet asks every pod to restart in place: stopping the job's processes")
+    life.stop_waiting()
+    life.supervisor.begin_teardown()
+    return True
 
 
 def _max_restarts(pod: Pod, life: Life, planned: Planned) -> int:

@@ -128,6 +128,9 @@ class Reasons:
     HANG = Reason("Hang", TRANSIENT)
     RENDEZVOUS_TIMEOUT = Reason("RendezvousTimeout", TRANSIENT)
     RENDEZVOUS_FAILED = Reason("RendezvousFailed", TRANSIENT)
+    # JobSet's in-place restart asked every pod to restart its container: the agent's exit code
+    # (IN_PLACE_RESTART_EXIT_CODE, one of the retryable set).
+    RESTART_ASKED = Reason("RestartAsked", rule=PROGRAM)
     # The launcher itself, and what it was given.
     LAUNCHER_ERROR = Reason("LauncherError", INTERNAL_ERROR)
     CONFIG_ERROR = Reason("ConfigError", _CONFIG_ERROR)

@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from launcher import status
+from launcher import k8s, status
 from launcher.core import judge, lifecycle, memory
 from launcher.core.job_outcome import NodeOutcome, job_outcome, stopped_by
 from launcher.core.outcome import (
@@ -91,7 +91,7 @@ def run_torch(launcher_overrides: dict[str, Override], rest: list[str]) -> int:
 
 def run_pod(launcher_overrides: dict[str, Override], pod: TorchPod) -> int:
     """A torch pod's life (TorchPod, or a subclass for another launch shape)."""
-    return lifecycle.live(pod, launcher_overrides, status.start_watch, Export())
+    return lifecycle.live(pod, launcher_overrides, status.start_watch, Export(), k8s.in_place_restart)
 
 
 class TorchPod(lifecycle.Pod):
