@@ -117,6 +117,10 @@ WHAT_TO_DO: dict[str, str] = {
     "pod not scheduled yet, or a NetworkPolicy. The job is retried.",
     "RendezvousFailed": "The rendezvous itself failed: torchrun's rendezvous errors, or a JAX process that "
     "could not join its coordinator. The job is retried.",
+    "RestartAsked": "JobSet's in-place restart (a runtime with `restartStrategy: InPlaceRestart`) asked every "
+    "pod to restart its container, because another pod failed: the launcher stopped the job's processes and "
+    "exits with `IN_PLACE_RESTART_EXIT_CODE` (138 by default), which the container's restart rules restart "
+    "in place. The other pod's own message says why.",
     "LauncherError": "A bug in the launcher, its torch agent or a runner, not in your program: the message "
     "names the launcher's version and the frame. Permanent, since a retry meets it again; report it. Add "
     "70 to `LAUNCHER_RETRYABLE_EXIT_CODES` to retry anyway.",

@@ -87,7 +87,7 @@ def test_the_names_are_the_ones_users_have_always_seen():
     }
     assert {str(r): r.rule for r in Reasons.all() if r.rule is not None} == {
         "Failed": PROGRAM, "RetryableExit": PROGRAM, "Signaled": SIGNAL, "Killed": SIGNAL, "Crashed": SIGNAL,
-        "OutOfMemory": SIGNAL, "Terminated": SIGNAL, "PeerFailed": CAUSE,
+        "OutOfMemory": SIGNAL, "Terminated": SIGNAL, "PeerFailed": CAUSE, "RestartAsked": PROGRAM,
     }
 
 
