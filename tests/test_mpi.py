@@ -130,6 +130,74 @@ def test_a_rank_that_raises_is_named_with_its_exception(mpi, tmp_path, shared_di
     assert "Traceback" in job.stderr  # the rank's own traceback still reaches the log
 
 
+# --- restarts in place (LAUNCHER_MAX_RESTARTS): mpirun again on the launcher pod, the workers' sshd stays --
+
+RESUME = str(REPO / "tests" / "programs" / "mpi_resume.py")
+
+
+def steps_done(directory: Path) -> dict[int, list[tuple[int, int]]]:
+    """Each rank's steps as (generation, step), in the order it did them (mpi_resume.py)."""
+    return {int(p.name.split(".")[0]): [(int(g), int(s)) for g, s in map(str.split, p.read_text().splitlines())]
+            for p in directory.glob("*.steps")}
+
+
+def resumable(mpi, tmp_path, shared_dir, restarts: int, fail: str, nnodes: int = 2) -> Job:
+    """mpi_resume.py on ``nnodes`` workers x 2 ranks, checkpointing to the shared directory."""
+    return local_mpi(mpi, tmp_path, shared_dir, nnodes=nnodes, program=(RESUME,), LAUNCHER_MAX_RESTARTS=str(restarts),
+                     CKPT=str(shared_dir / "ckpt"), FAIL=fail)
+
+
+@needs_cluster
+def test_a_killed_rank_starts_mpirun_again_in_place_and_the_job_resumes_from_its_checkpoint(mpi, tmp_path, shared_dir):
+    # Hydra (MPICH) says of a rank SIGKILL ended only "EXIT CODE: 9", which the launcher does not
+    # tell from exit(9): judged permanent there. Its rank exits with a retryable code of its own.
+    # One worker: across pods, Open MPI 5's other ranks may abort first on the lost socket, and
+    # mpirun then names their abort, not the kill (docs/frameworks/mpi.md).
+    ending = "exit:138" if mpi["name"] == "mpich" else "signal:SIGKILL"
+    job = resumable(mpi, tmp_path, shared_dir, 2, f"{ending}@2", nnodes=1)
+    assert job.wait(240) == 0, job.stderr
+    # Both ranks, on the worker's pod, did steps 0-1, then (told LAUNCHER_RESTART_COUNT=1 through
+    # mpirun's exported environment) steps 2-7 from the checkpoint: none lost, none repeated.
+    assert steps_done(shared_dir) == {rank: [(0, 0), (0, 1)] + [(1, s) for s in range(2, 8)] for rank in range(2)}
+    assert "done: 8 steps, weight 8" in job.stdout, job.stdout
+    restarts = [line for line in job.stderr.splitlines() if "restart 1 of 2: the job failed retryably" in line]
+    assert len(restarts) == 1 and restarts[0].startswith("[local-launcher-0-0] "), job.stderr
+    assert "restart 2 of 2" not in job.stderr
+    # The worker was not restarted: its sshd served both starts, and stopped once, at the end.
+    said = [line for line in job.stderr.splitlines() if line.startswith("[local-node-0-0] ")]
+    assert not [line for line in said if "restart" in line], job.stderr
+    assert [line for line in said if "the MPI job's outcome is the launcher pod's" in line] == [said[-1]], job.stderr
+
+
+@needs_cluster
+@pytest.mark.parametrize("mpi", ["openmpi5"], indirect=True)
+def test_a_permanent_failure_is_never_restarted(mpi, tmp_path, shared_dir):
+    job = resumable(mpi, tmp_path, shared_dir, 2, "exit:3@2")
+    assert job.wait(180) == 3, job.stderr
+    message = job.termination()
+    assert (message["exitCode"], message["retryable"], message["rootCause"]["rank"]) == (3, False, 1), message
+    assert "restarts" not in message and "restart 1 of 2" not in job.stderr
+    assert {generation for steps in steps_done(shared_dir).values() for generation, _ in steps} == {0}
+
+
+@needs_cluster
+def test_when_the_restarts_run_out_the_last_failure_ends_the_job_with_the_earlier_ones_in_its_history(
+        mpi, tmp_path, shared_dir):
+    # Rank 1 fails the first start, rank 2 the second (mpi_resume.py), each exiting 138 (retryable).
+    job = resumable(mpi, tmp_path, shared_dir, 1, "exit:138@2@0,1")
+    assert job.wait(240) == 138, job.stderr
+    message = job.termination()
+    assert (message["reason"], message["retryable"]) == ("RetryableExit", True), message
+    # Each start's ranks report to a listener of that start: the job's root cause is the last
+    # start's failing rank, never the report the first start's rank 1 sent.
+    assert message["rootCause"]["rank"] == 2 and message["failedRanks"] == [2], message
+    history = message["restarts"]
+    assert [(each["generation"], each["reason"], each["exitCode"]) for each in history] == [(0, "RetryableExit", 138)]
+    assert history[0]["rootCause"]["rank"] == 1, history
+    assert job.stderr.count("restart 1 of 1: the job failed retryably") == 1 and "restart 2 of" not in job.stderr
+    assert steps_done(shared_dir) == {rank: [(0, 0), (0, 1)] for rank in range(4)}  # the second start resumed at 2
+
+
 def launcher_role(tmp_path: Path, hostfile_text: str) -> tuple[Path, Path]:
     """A hostfile and a key mount for the launcher role alone (no worker is ever reached)."""
     hostfile = tmp_path / "hostfile"
