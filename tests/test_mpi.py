@@ -8,6 +8,7 @@ prefix; an implementation that is not installed is skipped, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -247,18 +248,18 @@ def test_as_root_on_one_host_the_launcher_runs_without_ssh_and_exports_the_env(m
     assert f"mpi: {mpi['name']}" in job.stderr  # detected from `mpirun --version`
 
 
-@pytest.mark.skipif(not IS_ROOT or not shutil.which("sshd"), reason="needs root and sshd")
-@pytest.mark.parametrize("user", ["root", "mpiuser"])
-def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, user):
-    from conftest import free_port, wait_for
+@contextlib.contextmanager
+def worker_role(tmp_path: Path, user: str, **env: str):
+    """``mpi --worker`` as ``user`` on a free port of 127.0.0.1, keys from a read-only mount as Trainer
+    mounts the Secret: (the worker's Job, its state directory, ssh to it as a command)."""
+    from conftest import free_port
 
-    if user != "root" and not _user_exists(user):
-        pytest.skip(f"no user {user} (.ci/install-mpi creates it)")
     account = pwd.getpwnam(user)
     mount = Path(tempfile.mkdtemp(prefix="trainer-launcher-secret-"))
     state = Path(tempfile.mkdtemp(prefix="trainer-launcher-worker-"))
     try:
-        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-f", str(mount / "id_rsa")], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-f", str(mount / "id_rsa")],
+                       check=True)
         shutil.copy(mount / "id_rsa.pub", mount / "authorized_keys")
         for name in ("id_rsa", "id_rsa.pub", "authorized_keys"):  # as Trainer mounts the Secret
             os.chown(mount / name, 0, account.pw_gid)
@@ -270,15 +271,35 @@ def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, u
                                           "--init-groups", "--"]
         argv = drop + launcher("mpi", "--worker", "--ssh-port", str(port), "--ssh-listen-address", "127.0.0.1",
                                "--ssh-auth-mount-path", str(mount), "--ssh-dir", str(state / "ssh"))
-        env = clean_env(HOME=account.pw_dir, LAUNCHER_TERMINATION_LOG=str(state / "termination.json"))
-        worker = Job(argv, env, tmp_path, "worker")
-        wait_for(lambda: "sshd on port" in worker.stderr or worker.process.poll() is not None,
-                 what="the worker to start sshd")
-        assert worker.process.poll() is None, worker.stderr
+        worker = Job(argv, clean_env(HOME=account.pw_dir, LAUNCHER_TERMINATION_LOG=str(state / "termination.json"),
+                                     **env), tmp_path, "worker")
         client = ["ssh", "-p", str(port), "-i", str(state / "ssh" / "id_key"), "-o", "StrictHostKeyChecking=no",
                   "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectionAttempts=20",
-                  f"{user}@127.0.0.1", "echo", "hello-from-sshd"]
-        result = subprocess.run(drop + client, capture_output=True, text=True, timeout=60)
+                  f"{user}@127.0.0.1"]
+        yield worker, state, drop + client
+    finally:
+        if worker.process.poll() is None:
+            worker.signal(9)
+        shutil.rmtree(mount, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def serving(worker: Job) -> bool:
+    from conftest import wait_for
+
+    wait_for(lambda: "sshd on port" in worker.stderr or worker.process.poll() is not None,
+             what="the worker to start sshd")
+    return worker.process.poll() is None
+
+
+@pytest.mark.skipif(not IS_ROOT or not shutil.which("sshd"), reason="needs root and sshd")
+@pytest.mark.parametrize("user", ["root", "mpiuser"])
+def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, user):
+    if user != "root" and not _user_exists(user):
+        pytest.skip(f"no user {user} (.ci/install-mpi creates it)")
+    with worker_role(tmp_path, user) as (worker, state, ssh):
+        assert serving(worker), worker.stderr
+        result = subprocess.run([*ssh, "echo", "hello-from-sshd"], capture_output=True, text=True, timeout=60)
         worker.signal(15)  # as the JobSet stops the workers once the job has ended, well or not
         # The worker cannot know how the job ended: it says so, and exits 0 (its pod is not a
         # failure of the worker Job; the launcher's Job decides the JobSet), never "succeeded".
@@ -289,9 +310,23 @@ def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, u
         message = json.loads((state / "termination.json").read_text())
         assert (message["exitCode"], message["reason"]) == (0, "Stopped")
         assert oct((state / "ssh" / "id_key").stat().st_mode & 0o777) == "0o600"
-    finally:
-        shutil.rmtree(mount, ignore_errors=True)
-        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.skipif(not IS_ROOT or not shutil.which("sshd"), reason="needs root and sshd")
+def test_with_restarts_left_a_workers_sshd_killed_on_its_own_serves_again_in_place(tmp_path):
+    import psutil
+    from conftest import wait_for
+
+    with worker_role(tmp_path, "root", LAUNCHER_MAX_RESTARTS="1") as (worker, _, ssh):
+        assert serving(worker), worker.stderr  # the knob, set for every pod of the job, is no error here
+        (sshd,) = psutil.Process(worker.pid).children()
+        sshd.kill()  # 137, retryable: sshd starts again, on the same port with the same keys
+        wait_for(lambda: "restart 1 of 1" in worker.stderr or worker.process.poll() is not None,
+                 what="the worker to start sshd again")
+        result = subprocess.run([*ssh, "echo", "hello-again"], capture_output=True, text=True, timeout=60)
+        assert result.stdout.strip() == "hello-again", result.stderr + worker.stderr
+        worker.signal(15)
+        assert worker.wait(30) == 0, worker.stderr
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root for a private resolver (unshare)")
