@@ -8,6 +8,7 @@ prefix; an implementation that is not installed is skipped, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -130,6 +131,74 @@ def test_a_rank_that_raises_is_named_with_its_exception(mpi, tmp_path, shared_di
     assert "Traceback" in job.stderr  # the rank's own traceback still reaches the log
 
 
+# --- restarts in place (LAUNCHER_MAX_RESTARTS): mpirun again on the launcher pod, the workers' sshd stays --
+
+RESUME = str(REPO / "tests" / "programs" / "mpi_resume.py")
+
+
+def steps_done(directory: Path) -> dict[int, list[tuple[int, int]]]:
+    """Each rank's steps as (generation, step), in the order it did them (mpi_resume.py)."""
+    return {int(p.name.split(".")[0]): [(int(g), int(s)) for g, s in map(str.split, p.read_text().splitlines())]
+            for p in directory.glob("*.steps")}
+
+
+def resumable(mpi, tmp_path, shared_dir, restarts: int, fail: str, nnodes: int = 2) -> Job:
+    """mpi_resume.py on ``nnodes`` workers x 2 ranks, checkpointing to the shared directory."""
+    return local_mpi(mpi, tmp_path, shared_dir, nnodes=nnodes, program=(RESUME,), LAUNCHER_MAX_RESTARTS=str(restarts),
+                     CKPT=str(shared_dir / "ckpt"), FAIL=fail)
+
+
+@needs_cluster
+def test_a_killed_rank_starts_mpirun_again_in_place_and_the_job_resumes_from_its_checkpoint(mpi, tmp_path, shared_dir):
+    # Hydra (MPICH) says of a rank SIGKILL ended only "EXIT CODE: 9", which the launcher does not
+    # tell from exit(9): judged permanent there. Its rank exits with a retryable code of its own.
+    # One worker: across pods, Open MPI 5's other ranks may abort first on the lost socket, and
+    # mpirun then names their abort, not the kill (docs/frameworks/mpi.md).
+    ending = "exit:138" if mpi["name"] == "mpich" else "signal:SIGKILL"
+    job = resumable(mpi, tmp_path, shared_dir, 2, f"{ending}@2", nnodes=1)
+    assert job.wait(240) == 0, job.stderr
+    # Both ranks, on the worker's pod, did steps 0-1, then (told LAUNCHER_RESTART_COUNT=1 through
+    # mpirun's exported environment) steps 2-7 from the checkpoint: none lost, none repeated.
+    assert steps_done(shared_dir) == {rank: [(0, 0), (0, 1)] + [(1, s) for s in range(2, 8)] for rank in range(2)}
+    assert "done: 8 steps, weight 8" in job.stdout, job.stdout
+    restarts = [line for line in job.stderr.splitlines() if "restart 1 of 2: the job failed retryably" in line]
+    assert len(restarts) == 1 and restarts[0].startswith("[local-launcher-0-0] "), job.stderr
+    assert "restart 2 of 2" not in job.stderr
+    # The worker was not restarted: its sshd served both starts, and stopped once, at the end.
+    said = [line for line in job.stderr.splitlines() if line.startswith("[local-node-0-0] ")]
+    assert not [line for line in said if "restart" in line], job.stderr
+    assert [line for line in said if "the MPI job's outcome is the launcher pod's" in line] == [said[-1]], job.stderr
+
+
+@needs_cluster
+@pytest.mark.parametrize("mpi", ["openmpi5"], indirect=True)
+def test_a_permanent_failure_is_never_restarted(mpi, tmp_path, shared_dir):
+    job = resumable(mpi, tmp_path, shared_dir, 2, "exit:3@2")
+    assert job.wait(180) == 3, job.stderr
+    message = job.termination()
+    assert (message["exitCode"], message["retryable"], message["rootCause"]["rank"]) == (3, False, 1), message
+    assert "restarts" not in message and "restart 1 of 2" not in job.stderr
+    assert {generation for steps in steps_done(shared_dir).values() for generation, _ in steps} == {0}
+
+
+@needs_cluster
+def test_when_the_restarts_run_out_the_last_failure_ends_the_job_with_the_earlier_ones_in_its_history(
+        mpi, tmp_path, shared_dir):
+    # Rank 1 fails the first start, rank 2 the second (mpi_resume.py), each exiting 138 (retryable).
+    job = resumable(mpi, tmp_path, shared_dir, 1, "exit:138@2@0,1")
+    assert job.wait(240) == 138, job.stderr
+    message = job.termination()
+    assert (message["reason"], message["retryable"]) == ("RetryableExit", True), message
+    # Each start's ranks report to a listener of that start: the job's root cause is the last
+    # start's failing rank, never the report the first start's rank 1 sent.
+    assert message["rootCause"]["rank"] == 2 and message["failedRanks"] == [2], message
+    history = message["restarts"]
+    assert [(each["generation"], each["reason"], each["exitCode"]) for each in history] == [(0, "RetryableExit", 138)]
+    assert history[0]["rootCause"]["rank"] == 1, history
+    assert job.stderr.count("restart 1 of 1: the job failed retryably") == 1 and "restart 2 of" not in job.stderr
+    assert steps_done(shared_dir) == {rank: [(0, 0), (0, 1)] for rank in range(4)}  # the second start resumed at 2
+
+
 def launcher_role(tmp_path: Path, hostfile_text: str) -> tuple[Path, Path]:
     """A hostfile and a key mount for the launcher role alone (no worker is ever reached)."""
     hostfile = tmp_path / "hostfile"
@@ -179,18 +248,18 @@ def test_as_root_on_one_host_the_launcher_runs_without_ssh_and_exports_the_env(m
     assert f"mpi: {mpi['name']}" in job.stderr  # detected from `mpirun --version`
 
 
-@pytest.mark.skipif(not IS_ROOT or not shutil.which("sshd"), reason="needs root and sshd")
-@pytest.mark.parametrize("user", ["root", "mpiuser"])
-def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, user):
-    from conftest import free_port, wait_for
+@contextlib.contextmanager
+def worker_role(tmp_path: Path, user: str, **env: str):
+    """``mpi --worker`` as ``user`` on a free port of 127.0.0.1, keys from a read-only mount as Trainer
+    mounts the Secret: (the worker's Job, its state directory, ssh to it as a command)."""
+    from conftest import free_port
 
-    if user != "root" and not _user_exists(user):
-        pytest.skip(f"no user {user} (.ci/install-mpi creates it)")
     account = pwd.getpwnam(user)
     mount = Path(tempfile.mkdtemp(prefix="trainer-launcher-secret-"))
     state = Path(tempfile.mkdtemp(prefix="trainer-launcher-worker-"))
     try:
-        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-f", str(mount / "id_rsa")], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-f", str(mount / "id_rsa")],
+                       check=True)
         shutil.copy(mount / "id_rsa.pub", mount / "authorized_keys")
         for name in ("id_rsa", "id_rsa.pub", "authorized_keys"):  # as Trainer mounts the Secret
             os.chown(mount / name, 0, account.pw_gid)
@@ -202,15 +271,35 @@ def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, u
                                           "--init-groups", "--"]
         argv = drop + launcher("mpi", "--worker", "--ssh-port", str(port), "--ssh-listen-address", "127.0.0.1",
                                "--ssh-auth-mount-path", str(mount), "--ssh-dir", str(state / "ssh"))
-        env = clean_env(HOME=account.pw_dir, LAUNCHER_TERMINATION_LOG=str(state / "termination.json"))
-        worker = Job(argv, env, tmp_path, "worker")
-        wait_for(lambda: "sshd on port" in worker.stderr or worker.process.poll() is not None,
-                 what="the worker to start sshd")
-        assert worker.process.poll() is None, worker.stderr
+        worker = Job(argv, clean_env(HOME=account.pw_dir, LAUNCHER_TERMINATION_LOG=str(state / "termination.json"),
+                                     **env), tmp_path, "worker")
         client = ["ssh", "-p", str(port), "-i", str(state / "ssh" / "id_key"), "-o", "StrictHostKeyChecking=no",
                   "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "ConnectionAttempts=20",
-                  f"{user}@127.0.0.1", "echo", "hello-from-sshd"]
-        result = subprocess.run(drop + client, capture_output=True, text=True, timeout=60)
+                  f"{user}@127.0.0.1"]
+        yield worker, state, drop + client
+    finally:
+        if worker.process.poll() is None:
+            worker.signal(9)
+        shutil.rmtree(mount, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def serving(worker: Job) -> bool:
+    from conftest import wait_for
+
+    wait_for(lambda: "sshd on port" in worker.stderr or worker.process.poll() is not None,
+             what="the worker to start sshd")
+    return worker.process.poll() is None
+
+
+@pytest.mark.skipif(not IS_ROOT or not shutil.which("sshd"), reason="needs root and sshd")
+@pytest.mark.parametrize("user", ["root", "mpiuser"])
+def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, user):
+    if user != "root" and not _user_exists(user):
+        pytest.skip(f"no user {user} (.ci/install-mpi creates it)")
+    with worker_role(tmp_path, user) as (worker, state, ssh):
+        assert serving(worker), worker.stderr
+        result = subprocess.run([*ssh, "echo", "hello-from-sshd"], capture_output=True, text=True, timeout=60)
         worker.signal(15)  # as the JobSet stops the workers once the job has ended, well or not
         # The worker cannot know how the job ended: it says so, and exits 0 (its pod is not a
         # failure of the worker Job; the launcher's Job decides the JobSet), never "succeeded".
@@ -221,9 +310,23 @@ def test_the_worker_role_serves_ssh_with_keys_from_a_read_only_mount(tmp_path, u
         message = json.loads((state / "termination.json").read_text())
         assert (message["exitCode"], message["reason"]) == (0, "Stopped")
         assert oct((state / "ssh" / "id_key").stat().st_mode & 0o777) == "0o600"
-    finally:
-        shutil.rmtree(mount, ignore_errors=True)
-        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.skipif(not IS_ROOT or not shutil.which("sshd"), reason="needs root and sshd")
+def test_with_restarts_left_a_workers_sshd_killed_on_its_own_serves_again_in_place(tmp_path):
+    import psutil
+    from conftest import wait_for
+
+    with worker_role(tmp_path, "root", LAUNCHER_MAX_RESTARTS="1") as (worker, _, ssh):
+        assert serving(worker), worker.stderr  # the knob, set for every pod of the job, is no error here
+        (sshd,) = psutil.Process(worker.pid).children()
+        sshd.kill()  # 137, retryable: sshd starts again, on the same port with the same keys
+        wait_for(lambda: "restart 1 of 1" in worker.stderr or worker.process.poll() is not None,
+                 what="the worker to start sshd again")
+        result = subprocess.run([*ssh, "echo", "hello-again"], capture_output=True, text=True, timeout=60)
+        assert result.stdout.strip() == "hello-again", result.stderr + worker.stderr
+        worker.signal(15)
+        assert worker.wait(30) == 0, worker.stderr
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root for a private resolver (unshare)")

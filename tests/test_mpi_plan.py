@@ -965,3 +965,15 @@ def test_with_hang_detection_the_workers_ranks_get_the_stacks_hook_and_the_board
     for name in ("PYTHONPATH", "TRAINER_LAUNCHER_STACKS_BOARD"):
         assert (("-x", name) in exported) is watch
         assert name not in plan.env_set
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("restarts", [True, False], ids=["max-restarts", "no-restarts"])
+def test_with_restarts_in_place_the_workers_ranks_get_the_restart_count(ssh_dir, impl, restarts):
+    """The ranks on the workers' pods read which start in place they are (LAUNCHER_RESTART_COUNT,
+    set at each start): exported past the deny list (LAUNCHER_*) only when the job may restart."""
+    plan = plan_mpi(mpi_settings(), impl, UNIFORM, list(PROGRAM), dict(PLAN_ENVIRON), facts(), restarts=restarts)
+    exported = (pairs(plan.argv) if impl.flavor == "openmpi" else
+                [("-x", n) for n in plan.argv[plan.argv.index("-genvlist") + 1].split(",")])
+    assert (("-x", "LAUNCHER_RESTART_COUNT") in exported) is restarts
+    assert "LAUNCHER_RESTART_COUNT" not in plan.env_set

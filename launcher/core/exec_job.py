@@ -49,7 +49,7 @@ class CommandPod(lifecycle.Pod):
     def go(self, life: lifecycle.Life) -> None:
         env = {
             **(self.env if self.env is not None else settings.environ()),
-            settings.HANDOFF: life.path("outcome.json"),
+            settings.HANDOFF: _handoff(life),
         }
         if life.watched:
             # Its variables first in order (MPICH's mpiexec may drop the last one), and theirs in value.
@@ -76,7 +76,7 @@ class CommandPod(lifecycle.Pod):
                 raise RuntimeError(f"{self.name}: the command never started, and no signal stopped it")
             return terminated(signum).on_node(node)
         returncode = child.exit_status
-        inner = handed_off(life.path("outcome.json"), code_for(returncode))
+        inner = handed_off(_handoff(life), code_for(returncode))
         if inner is not None:
             return inner
         if signum is not None and supervisor.first_failure is None:
@@ -106,6 +106,12 @@ class CommandPod(lifecycle.Pod):
         evidence = judge.gather(failed, child.marks, own=self.own_words, memory_before=life.memory)
         outcome = judge.verdict(evidence, codes=life.launcher.retryable_exit_codes, root_cause=cause, what=what)
         return outcome.with_extra(**last_lines(child.tail))
+
+
+def _handoff(life: lifecycle.Life) -> str:
+    """Where a launcher nested in the command hands its outcome over: a file per start in place,
+    so an earlier start's is never read as this one's."""
+    return life.path(f"outcome-{life.generation}.json" if life.generation else "outcome.json")
 
 
 def node_name() -> str:

@@ -297,9 +297,13 @@ class Life:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+# What the job's processes read to know which start in place of the job they are.
+RESTART_COUNT_ENV = "LAUNCHER_RESTART_COUNT"
+
+
 def restart_env(generation: int) -> dict[str, str]:
-    """What the job's processes read to know which start in place of the job they are."""
-    return {"LAUNCHER_RESTART_COUNT": str(generation)}
+    """The job's processes' :data:`RESTART_COUNT_ENV`: ``generation``."""
+    return {RESTART_COUNT_ENV: str(generation)}
 
 
 def generation_port(port: int, generation: int, name: str, given: str | None = None) -> int:

