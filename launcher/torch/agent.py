@@ -24,6 +24,7 @@ import threading
 from typing import TYPE_CHECKING, NoReturn
 
 from launcher.core.crash import INTERNAL_ERROR, crash_site, describe, raised_in_launcher
+from launcher.core.failure_policy import DEFAULT_GRACE_PERIOD
 from launcher.runner import report as records
 from launcher.torch import compat
 
@@ -249,7 +250,7 @@ def main(argv: list[str]) -> int:
         return argv[argv.index(name) + 1]
 
     control = os.fdopen(int(arg("--control-fd")), "rb")
-    agent = Agent(control, int(arg("--status-fd")), arg("--report"), arg("--job"), 25.0)
+    agent = Agent(control, int(arg("--status-fd")), arg("--report"), arg("--job"), DEFAULT_GRACE_PERIOD)
     ahead = arg("--ranks-ahead") if "--ranks-ahead" in argv else None
     try:
         return _run(agent, ahead)

@@ -151,8 +151,7 @@ class TorchPod(lifecycle.Pod):
         return agent
 
     def _use(self, agent: _Agent) -> None:
-        self.current, self.control, self.agent = agent, agent.control, agent.child
-        self.verdict = None
+        self.current, self.verdict = agent, None
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
         plan, host = make_plan(self.rest, launcher=life.launcher)
@@ -187,7 +186,7 @@ class TorchPod(lifecycle.Pod):
             monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], life.supervisor)
         entry = {"entry": self.entry} if self.entry else {}
         env = {**plan.env_set, **self.extra_env, **life.watched, **rank_end.rank_env(life.watched)}
-        self.control.send(
+        self.current.control.send(
             {
                 "args": self.agent_args(plan),
                 **entry,
@@ -216,15 +215,15 @@ class TorchPod(lifecycle.Pod):
         agent.status.close()
         self.life.supervisor.drain()
         self.verdict = self._own(self.life)
-        self.control.send(self.verdict.to_json(self.life.launcher.retryable_exit_codes))
-        self.control.close()
+        agent.control.send(self.verdict.to_json(self.life.launcher.retryable_exit_codes))
+        agent.control.close()
 
     def _own(self, life: lifecycle.Life, peer_vanished: bool | None = None) -> Outcome:
         if life.watch is not None and life.watch.hang is not None:
             return life.watch.hang
         return torch_outcome(
             life.supervisor,
-            self.agent,
+            self.current.child,
             records.Report.read(_generation_path(life, "report", life.generation)),
             life.launcher.retryable_exit_codes,
             life.node,
