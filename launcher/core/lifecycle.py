@@ -378,6 +378,11 @@ class Pod:
         """Every process of the last generation is gone: get ready for ``life.generation``, whose
         :meth:`start`, wait and :meth:`go` come next, as the first one's did."""
 
+    def restarts_after(self, outcome: Outcome) -> bool:
+        """Whether the job starts again in place after this retryable ending (restarts left): what
+        the framework's reasons mean may say otherwise (a pod that is gone for good)."""
+        return True
+
 
 def live(
     pod: Pod,
@@ -436,7 +441,7 @@ def _walk(
         if life.watch is not None:
             life.watched = life.watch.rank_env()
     outcome, ran = _generation(pod, life)
-    while ran and _restart_due(life, outcome):
+    while ran and _restart_due(pod, life, outcome):
         _restart(pod, life, outcome)
         outcome, ran = _generation(pod, life)
     if life.history:
@@ -538,16 +543,15 @@ def _may_restart(life: Life) -> bool:
     return life.generation < life.max_restarts and life.supervisor.received_signal is None
 
 
-def _restart_due(life: Life, outcome: Outcome) -> bool:
-    """The job failed retryably (the one table says so) and may start again in place. Not for a
-    lost pod: its replacement starts from nothing and cannot find a later generation, so the pods
-    that remain end as before (138) and Kubernetes starts them all again."""
-    from launcher.core.reasons import Reasons, is_retryable
+def _restart_due(pod: Pod, life: Life, outcome: Outcome) -> bool:
+    """The job failed retryably (the one table says so), may start again in place, and the pod
+    can start it so (Pod.restarts_after)."""
+    from launcher.core.reasons import is_retryable
 
     codes = life.launcher.retryable_exit_codes
     if outcome.exit_code == 0 or not is_retryable(outcome.exit_code, codes) or not _may_restart(life):
         return False
-    return Reasons.PEER_LOST not in (outcome.reason, outcome.extra.get("causeReason"))
+    return pod.restarts_after(outcome)
 
 
 def _restart(pod: Pod, life: Life, outcome: Outcome) -> None:

@@ -174,6 +174,12 @@ class TorchPod(lifecycle.Pod):
             standby = self._spawn_agent(life, life.generation)
         self._use(standby)
 
+    def restarts_after(self, outcome: Outcome) -> bool:
+        """Not after a lost pod (PeerLost: a node that vanished without a word): its replacement
+        starts from nothing and cannot find a later generation, so the pods that remain end as
+        before (138) and Kubernetes starts them all again."""
+        return Reasons.PEER_LOST not in (outcome.reason, outcome.extra.get("causeReason"))
+
     def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
         return lifecycle.Awaited(resolve=life.plan.wait.resolve, connect=life.plan.wait.connect)
 
