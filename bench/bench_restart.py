@@ -162,7 +162,7 @@ def main() -> int:
         title="Two pods x two gloo ranks, rank 1 SIGKILLed at step 5: recovery against a cold start",
         plot={"title": "rank 1 killed: seconds until every rank steps again", "unit": "s",
               "bars": [[LABELS[side], recoveries[side]] for side in SIDES if recoveries[side] is not None]
-              + ([["cold start without restarts", colds["full"]]] if colds["full"] is not None else [])})
+              + ([["cold start", colds["full"]]] if colds["full"] is not None else [])})
     ours, cold = recoveries["in-place"], colds["full"]
     if ours and cold:
         say(f"\nratio recovery in place / cold start without restarts: {ours / cold:.2f}")
