@@ -181,7 +181,7 @@ CASES = [
          "--max-restarts", "2"),
     Case("exec-max-restarts-env", ("exec", "--", sys.executable, SCRIPT), {"LAUNCHER_MAX_RESTARTS": "1"},
          "LAUNCHER_MAX_RESTARTS", "1"),
-    Case("max-restarts-negative", ("exec", "--", sys.executable, SCRIPT), {"LAUNCHER_MAX_RESTARTS": "-1"},
+    Case("launcher-max-restarts-negative", ("exec", "--", sys.executable, SCRIPT), {"LAUNCHER_MAX_RESTARTS": "-1"},
          "LAUNCHER_MAX_RESTARTS", "-1"),
     Case("exec-no-command", ("exec",), {}, "CMD", None),
     Case("exec-no-command-after-dashdash", ("exec", "--"), {}, "CMD", None),

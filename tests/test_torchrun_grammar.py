@@ -337,6 +337,9 @@ def test_torchrun_reads_the_users_meaning_from_every_plan():
                 assert ours.nproc_per_node == str(WHOLE_CPUS), why  # auto/cpu: the CPU quota, resolved
             elif dest == "nproc_per_node" and dest in typed:
                 assert int(ours.nproc_per_node) == int(users.nproc_per_node), why
+            elif dest == "max_restarts" and plan.max_restarts is not None:
+                # A job of a fixed size: the launcher restarts every node at once; torchrun restarts nothing.
+                assert (ours.max_restarts, plan.max_restarts) == (0, users.max_restarts), why
             elif dest in typed or dest not in LAUNCHER_FILLED:
                 assert getattr(ours, dest) == getattr(users, dest), f"{dest} differs:{why}"
         assert_same_rendezvous(users, ours, plan, typed, why)
@@ -390,11 +393,12 @@ def test_a_c10d_rendezvous_id_never_depends_on_how_a_node_names_the_master():
     assert trainer[0].sources["rdzv_id"] == "the TrainJob name in PET_MASTER_ADDR"
 
 
-def test_max_restarts_reaches_a_standalone_torchrun():
-    """Point 4's example: --max_restarts=2 used to vanish from a one-node plan."""
+def test_max_restarts_reach_a_standalone_job_as_the_launchers_restarts():
+    """Point 4's example: --max_restarts=2 used to vanish from a one-node plan. It is the launcher's
+    to do now (restarts in place), as on every job of a fixed size; torchrun restarts nothing."""
     plan = planned(["--max_restarts=2", "train.py"], {})
     assert plan.mode == "standalone"
-    assert plan.argv[plan.argv.index("--max-restarts") + 1] == "2"
+    assert plan.max_restarts == 2 and "--max-restarts" not in plan.argv
 
 
 def test_the_sdks_two_node_static_command_runs_as_two_real_nodes(tmp_path, report_dir):
