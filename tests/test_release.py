@@ -6,6 +6,7 @@ brings, prints the one version and runs the README's demo. The release workflow
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -35,8 +36,23 @@ def dist(tmp_path_factory) -> Path:
     for module in ("build", "twine"):
         assert subprocess.run([sys.executable, "-c", f"import {module}"]).returncode == 0, (
             f"{module} is not installed: the test command installs it from requirements-dev.txt")
-    run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)])
+    run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(_checkout(tmp_path_factory))])
     return out
+
+
+def _checkout(tmp_path_factory) -> Path:
+    """The tracked files, as a clean checkout has them: the build lists the tree it is given, and
+    other tests build and install from this one meanwhile (pip's in-tree builds leave temporary
+    files there for a moment: one listed and gone before it was copied failed the sdist once)."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True)
+    if listed.returncode != 0:
+        return REPO  # not a git checkout: the tree as it is
+    source = tmp_path_factory.mktemp("source")
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    return source
 
 
 def test_the_sdist_and_the_wheel_pass_twine_check_and_carry_the_one_version(dist):
