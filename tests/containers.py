@@ -18,6 +18,7 @@ layers and the base image are reused.
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 import shutil
@@ -105,7 +106,26 @@ class Engine:
 
     def run(self, image: str, *args: str, options: list[str] = (), timeout: float = 300,
             check: bool = False) -> subprocess.CompletedProcess:
-        return self.podman("run", "--rm", *RUN_LIMITS, *options, image, *args, check=check, timeout=timeout)
+        """``podman run --rm``. A run past ``timeout`` fails the test with what it printed and its
+        processes (their state, CPU time and command line, from ``podman top``), then is removed:
+        a stuck run says where it stood."""
+        name = f"tl-test-{os.getpid()}-{next(_RUNS)}"
+        try:
+            return self.podman("run", "--rm", "--name", name, *RUN_LIMITS, *options, image, *args, check=check,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired as expired:
+            top = self.podman("top", name, "pid", "ppid", "state", "etime", "time", "args", check=False, timeout=60)
+            self.podman("rm", "-f", "-t", "0", name, check=False, timeout=120)
+            printed = [_text(expired.stdout)[-4000:], _text(expired.stderr)[-12000:]]
+            raise AssertionError(f"podman run {image} {' '.join(args)} ran past {timeout} s; it printed:\n"
+                                 + "\n".join(printed) + f"\nits processes then:\n{top.stdout}{top.stderr}") from None
+
+
+_RUNS = itertools.count()
+
+
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def _run(argv: list[str], check: bool, timeout: float) -> subprocess.CompletedProcess:

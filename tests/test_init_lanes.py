@@ -127,6 +127,15 @@ def test_a_gap_a_resume_left_is_taken_from_its_start():
     assert s.first_free() == 3 * MIB and s.run_end(3 * MIB) == 7 * MIB
 
 
+def test_a_run_a_stream_is_reading_toward_is_not_free_only_a_gap_is():
+    # The file's own stream, done with its run, must not take the rest of another stream's: that
+    # is one more GET for no more streams (a split is the lanes' to decide).
+    s = segments(10, done=[0, 1, 2, 3, 4], claimed=[5, 6])  # a stream at 6 reads toward 7..9
+    assert s.first_free() is None
+    s.done |= {5 * MIB, 6 * MIB}  # it stopped after 6 (its request ended there): 7..9 is a gap
+    assert s.first_free() == 7 * MIB
+
+
 def test_a_run_of_one_segment_is_not_split_and_the_last_segment_may_be_short():
     s = Segments(3 * MIB + 10, MIB, set())
     s.claimed |= {0, 2 * MIB}

@@ -53,8 +53,18 @@ class Segments:
             end += self.segment
         return min(end, self.size)
 
+    def _read_toward(self, offset: int) -> bool:
+        """A stream is reading toward ``offset``: it claimed the segment before and has not
+        finished it (finishing and claiming the next happen under one lock)."""
+        before = offset - self.segment
+        return before >= 0 and before in self.claimed and before not in self.done
+
     def first_free(self) -> int | None:
-        return next((o for o in self.offsets() if o not in self.claimed), None)
+        """The first segment nobody has claimed and no stream is reading toward (a file's start, or
+        a gap a resume left). Taking one a stream is reading toward only hands its rest to a new
+        request: no more streams, one more GET."""
+        starts = (o for o in self.offsets() if o not in self.claimed and (o == 0 or o - self.segment in self.claimed))
+        return next((o for o in starts if not self._read_toward(o)), None)
 
     def take_over(self) -> int | None:
         """Where one more stream should start: in the longest unclaimed run of two segments or
@@ -74,9 +84,7 @@ class Segments:
         if best is None:
             return None
         count, start = best
-        before = start - self.segment
-        being_read = before >= 0 and before in self.claimed and before not in self.done
-        return start + (count // 2) * self.segment if being_read else start
+        return start + (count // 2) * self.segment if self._read_toward(start) else start
 
     def next(self, finished: int, end: int) -> int | None:
         """A stream finished the segment at ``finished`` (the caller marks it done); its request ends at ``end``: the
@@ -215,7 +223,7 @@ def fetch_ranges(
                 lanes.leave()
 
     try:
-        while True:  # this file's own lane: every run nobody has claimed, in turn
+        while True:  # this file's own lane: every run nobody has claimed nor reads toward, in turn
             with lock:
                 start = None if failed.is_set() else segments.first_free()
                 if start is None:
