@@ -68,7 +68,7 @@ def test_a_failing_rank_reaches_the_trainjob_as_its_root_cause(tmp_path, status_
     assert job.wait(180) == 3, job.stderr
     final = finals(status_server.wait_for(lambda rs: finals(rs), what="the final status"))[0]
     shown = metrics(final)
-    assert shown["exit_code"] == "3"
+    assert shown["exit_code"] == "3", job.stderr[-6000:]
     assert shown["retryable"] == "false"
     assert shown["root_cause_rank"] == "1"
     assert shown["reason"] == job.termination()["reason"] == "Failed"  # the root cause's, not "PeerFailed"

@@ -170,6 +170,19 @@ def test_the_host_does_not_wait_for_a_node_that_never_published(monkeypatch):
     assert [s["nodeRank"] for s in saw] == [0]
 
 
+def test_a_node_that_cannot_reach_the_store_at_its_end_concludes_alone_and_says_why(capfd):
+    # The store's host is gone (its server closed) when this node concludes: it returns its own
+    # outcome only, and its log says the others' are unknown here, not that they were lost.
+    server, nodes = _store_and_peers()
+    other = nodes[1]._main_store()
+    del server, other
+    saw = nodes[1].conclude({"exitCode": 3})
+    assert [s["nodeRank"] for s in saw] == [1]
+    said = [line for line in capfd.readouterr().err.splitlines() if "concludes on its own" in line]
+    assert len(said) == 1 and "the other nodes' outcomes could not be read" in said[0], said
+    assert "127.0.0.1:" in said[0] and "n1 concludes on its own" in said[0]
+
+
 def test_a_node_says_its_last_word_only_once_its_watcher_is_done_with_the_store():
     import threading
 

@@ -34,6 +34,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -297,6 +298,7 @@ class Peers:
         }
         store = self._main_store()
         if store is None:
+            self._alone("no connection")
             return [summary]
         try:
             store.set(node_key(self.config.node_rank), json.dumps(summary))
@@ -306,7 +308,8 @@ class Peers:
                 key = node_key(rank)
                 if store.check([key]):
                     summaries.append(json.loads(store.get(key)))
-        except Exception:  # noqa: BLE001 - never raises: a lost peer costs only time
+        except Exception as error:  # noqa: BLE001 - never raises: a lost peer costs only time
+            self._alone(f"{type(error).__name__}: {error}")
             return [summary]
         # The watcher's last look at the store is over at once (it waits on _finished), unless it
         # is answering a stacks request.
@@ -322,6 +325,17 @@ class Peers:
         except Exception:  # noqa: BLE001 - a node published and then vanished: the host waited long enough
             pass
         return summaries
+
+    def _alone(self, why: str) -> None:
+        """Say, in the pod's log, that this node concludes without the others' outcomes: a peer it
+        then calls lost may only have been out of reach of a store that failed here."""
+        where = f"{self.config.host}:{self.config.port}"
+        print(
+            f"trainer-launcher: warning: the other nodes' outcomes could not be read from the job's store at {where} "
+            f"({why.splitlines()[0][:200]}); {self.config.node} concludes on its own",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _await_nodes(self, store) -> None:
         """Arrive, and wait until every node did, ``linger`` seconds passed, or every node yet to
