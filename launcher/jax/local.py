@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import TYPE_CHECKING
 
 from launcher.core.outcome import ConfigError
 from launcher.local.nodes import Pods, port, run_framework_pods
+
+if TYPE_CHECKING:
+    from launcher.core.settings import LauncherSettings
 
 # The controller owns these; a caller's own would otherwise leak into every pod.
 CONTROLLER_VARIABLES = ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS")
@@ -27,7 +31,7 @@ def node_env(job: Pods, index: int, coordinator_port: int, base: dict[str, str])
     return env
 
 
-def setup(job: Pods, args: argparse.Namespace):
+def setup(job: Pods, args: argparse.Namespace, launcher: LauncherSettings):
     """One JAX process a pod, and the coordinator's port (``local``'s --master-port, else free)."""
     if args.nproc_per_node.strip() != "1":
         raise ConfigError(
