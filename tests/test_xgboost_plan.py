@@ -229,7 +229,9 @@ def test_local_picks_a_tracker_port_whose_neighbour_the_stop_board_needs_is_free
     and leave its neighbour to chance: on a busy host (CI, seen once) the board could not listen,
     and each pod then reported its own view of the failure. Here the first free port the kernel
     offers has the last port the job may take after it taken, for real: a listening socket holds
-    it (with restarts in place, each generation's tracker and board are two ports further on)."""
+    it (with restarts in place, each generation's tracker and board are two ports further on).
+    Both ways `local` picks are steered: a random port below the ephemeral range, or the kernel's."""
+    import random
     import socket
 
     from launcher.xgboost.local import tracker_port_for
@@ -248,7 +250,13 @@ def test_local_picks_a_tracker_port_whose_neighbour_the_stop_board_needs_is_free
                 address = ("127.0.0.1", offer)
             return super().bind(address)
 
+    picks, pick = iter([taken - last]), random.SystemRandom.randrange
+
+    def first_pick_next_to_a_taken_port(self, *bounds):
+        return next(picks, None) or pick(self, *bounds)
+
     monkeypatch.setattr(socket, "socket", FirstOfferNextToATakenPort)
+    monkeypatch.setattr(random.SystemRandom, "randrange", first_pick_next_to_a_taken_port)
     try:
         chosen = tracker_port_for(None, restarts)
     finally:
