@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Job, free_port, launcher, wait_for
-from test_xgboost import TRAIN, env, models, pod_env, reports
+from test_xgboost import TRAIN, UPSTREAM, env, models, pod_env, reports
 
 REPO = Path(__file__).resolve().parents[1]
 RESUME = str(REPO / "tests" / "programs" / "xgboost_resume.py")
@@ -63,6 +63,30 @@ def test_a_killed_worker_restarts_every_pod_in_place_and_the_job_resumes_from_it
     trained = models(out)
     assert sorted(trained) == [0, 1] and len(set(trained.values())) == 1, "the workers' models differ"
     assert f"task 0 done: {ROUNDS} rounds" in job.stdout, job.stdout
+
+
+def test_with_the_programs_own_tracker_a_restart_runs_it_on_the_next_port(tmp_path, out):
+    """--xgboost-tracker program: upstream's example, whose task 0 starts a RabitTracker on
+    DMLC_TRACKER_PORT, run as given; task 1 is SIGKILLed as it starts, in generation 0 only."""
+    code = ("import os, runpy, signal\n"
+            "generation, task, port = (os.environ[name] for name in "
+            "('LAUNCHER_RESTART_COUNT', 'DMLC_TASK_ID', 'DMLC_TRACKER_PORT'))\n"
+            "open(os.path.join(os.environ['OUT_DIR'], f'{task}.ports'), 'a').write(f'{generation} {port}\\n')\n"
+            "if generation == '0' and task == '1':\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"runpy.run_path({UPSTREAM!r}, run_name='__main__')\n")
+    argv = launcher("local", "--framework", "xgboost", "--nnodes", "2", "--xgboost-tracker", "program",
+                    "--max-restarts", "1", "--", "python", "-c", code)
+    job = Job(argv, env(out), tmp_path, name="local")
+
+    assert job.wait(TIMEOUT) == 0, job.stderr
+    for node in (0, 1):
+        assert job.stderr.count(f"[node-{node}] trainer-launcher: warning: restart 1 of 1") == 1, job.stderr
+    ports = {task: (out / f"{task}.ports").read_text().split() for task in (0, 1)}
+    first = int(ports[0][1])
+    assert ports[0] == ports[1] == ["0", str(first), "1", str(first + 2)], ports
+    trained = models(out)
+    assert sorted(trained) == [0, 1] and len(set(trained.values())) == 1, "the workers' models differ"
 
 
 def test_a_permanent_failure_is_never_restarted(tmp_path, out):
