@@ -27,6 +27,7 @@ TIMEOUT = 300
 
 @pytest.fixture
 def out(tmp_path: Path) -> Path:
+    """Where the programs write (OUT_DIR), as in test_xgboost."""
     path = tmp_path / "out"
     path.mkdir()
     return path
@@ -132,7 +133,7 @@ def test_a_lost_pod_is_not_restarted_in_place_the_pod_that_remains_exits_peer_lo
     """Pod 0 SIGKILLed whole (its launcher, tracker and board): its replacement would start from the
     first generation's tracker port, where a restarted pod 1 would never look, so pod 1 does not
     restart in place: 138 PeerLost, as without restarts, and Kubernetes starts both again."""
-    port = free_port(span=4)
+    port = free_port(span=6)  # two restarts' trackers and boards, were they to start
     pods = [Job(launcher("xgboost", "--", "python", TRAIN),
                 pod_env(out, pod, 2, port, BEHAVIOUR="sleep", LAUNCHER_MAX_RESTARTS="2"), tmp_path, f"pod{pod}")
             for pod in (0, 1)]
