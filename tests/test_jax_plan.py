@@ -125,6 +125,37 @@ def test_a_coordinator_port_without_room_for_the_restarts_is_refused_naming_it()
     )
 
 
+def test_local_picks_a_coordinator_port_with_the_port_of_each_restart_free_too(monkeypatch):
+    """A restart's coordinator listens a port further on: `local` must not pick a port whose next
+    one is taken. Here the first pick has it taken, for real: a listening socket holds it."""
+    import argparse
+    import random
+    import socket
+    from types import SimpleNamespace
+
+    from launcher.jax import local
+    from launcher.local.nodes import pods
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    offers = iter([taken - 1])
+    real = random.SystemRandom.randrange
+
+    def first_pick_next_to_the_taken_port(self, *bounds):
+        return next(offers, None) or real(self, *bounds)
+
+    monkeypatch.setattr(random.SystemRandom, "randrange", first_pick_next_to_the_taken_port)
+    args = argparse.Namespace(nproc_per_node="1", master_port=None)
+    try:
+        env_of, _ = local.setup(pods("2", "tj", "none"), args, SimpleNamespace(max_restarts=1))
+    finally:
+        held.close()
+    coordinator = int(env_of(1, {})["JAX_COORDINATOR_ADDRESS"].rsplit(":", 1)[1])
+    assert coordinator != taken - 1
+
+
 def test_the_runner_keys_its_stop_record_by_the_launchers_restart_count():
     from launcher.jax import run as runner
     from launcher.runner import report as records

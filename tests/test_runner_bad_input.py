@@ -163,6 +163,10 @@ XGBOOST = Framework("xgboost", XGBOOST_POD, (
     Case("workers-per-pod-flag-word", XGBOOST_POD, "--xgboost-workers-per-pod", "many",
          plan("xgboost", "--xgboost-workers-per-pod", "many")),
     xgb("rendezvous-timeout-word", "LAUNCHER_RENDEZVOUS_TIMEOUT", "soon"),
+    # Each restart in place moves the tracker and its board 2 ports on: the last one must fit.
+    xgb("port-without-room-for-the-restarts", "DMLC_TRACKER_PORT", "65534", LAUNCHER_MAX_RESTARTS="1"),
+    xgb("run-python-port-without-room-for-the-restarts", "DMLC_TRACKER_PORT", "65533", python("xgboost"),
+        LAUNCHER_MAX_RESTARTS="2"),
     xgb("run-port-word", "DMLC_TRACKER_PORT", "http", touch("xgboost")),
     xgb("run-task-id-equals-count", "DMLC_TASK_ID", "2", touch("xgboost")),
     xgb("run-python-num-worker-zero", "DMLC_NUM_WORKER", "0", python("xgboost")),

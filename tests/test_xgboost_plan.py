@@ -126,6 +126,34 @@ def test_other_pods_wait_for_the_trackers_name_and_port():
     assert plan.resolve == URI and plan.connect == (URI, 29500)
 
 
+# --- restarts in place ----------------------------------------------------------------------------
+
+def test_a_restart_moves_the_tracker_and_its_board_two_ports_a_generation_and_tells_the_workers():
+    """Generation g's tracker is on 29500 + 2g and its stop board on the port after it: no tracker
+    ever lands on an earlier generation's board (29501, 29503, ...)."""
+    from launcher.xgboost.board import PORT_OFFSET
+
+    pod_0, pod_1 = (plan_xgboost(settings(pod, 4), host(), PROGRAM, {}, generation=2) for pod in (0, 1))
+    assert pod_0.tracker_port == pod_1.tracker_port == 29504
+    assert pod_0.tracker_argv is not None and pod_0.tracker_argv[pod_0.tracker_argv.index("--port") + 1] == "29504"
+    assert {w.env_set["DMLC_TRACKER_PORT"] for w in (*pod_0.workers, *pod_1.workers)} == {"29504"}
+    assert pod_1.connect == (URI, 29504)
+    boards = {g: plan_xgboost(settings(0, 4), host(), PROGRAM, {}, generation=g).tracker_port + PORT_OFFSET
+              for g in range(4)}
+    trackers = {plan_xgboost(settings(0, 4), host(), PROGRAM, {}, generation=g).tracker_port for g in range(4)}
+    assert boards == {0: 29501, 1: 29503, 2: 29505, 3: 29507} and not trackers & set(boards.values())
+
+
+def test_a_tracker_port_without_room_for_the_restarts_is_refused_naming_it_before_anything_starts():
+    # the third start's tracker on 65534, its board on 65535
+    plan_xgboost(XGBoostSettings(tracker_port=65530, num_worker=2), host(), PROGRAM, {}, restarts=2)
+    with pytest.raises(ConfigError) as refused:
+        plan_xgboost(XGBoostSettings(tracker_port=65531, num_worker=2), host(), PROGRAM, {}, restarts=2)
+    assert str(refused.value) == (
+        "DMLC_TRACKER_PORT='65531': expected a port with room for 2 restarts above it, 2 ports each (up to 65535)"
+    )
+
+
 def test_a_python_program_runs_through_the_runner_after_the_interpreters_own_options():
     plan = plan_xgboost(settings(1, 2), host(), ("python3", "-u", "-X", "dev", "train.py", "--lr", "3"), {})
     assert plan.runner
@@ -195,20 +223,25 @@ def test_plan_imports_no_xgboost():
     assert result.returncode == 0, result.stderr
 
 
-def test_local_picks_a_tracker_port_whose_neighbour_the_stop_board_needs_is_free_too(monkeypatch):
+@pytest.mark.parametrize("restarts", [0, 2])
+def test_local_picks_a_tracker_port_whose_neighbour_the_stop_board_needs_is_free_too(monkeypatch, restarts):
     """Pod 0's stop board listens on the tracker's port + 1. `local` used to pick one free port
     and leave its neighbour to chance: on a busy host (CI, seen once) the board could not listen,
     and each pod then reported its own view of the failure. Here the first free port the kernel
-    offers has its neighbour taken, for real: a listening socket holds it."""
+    offers has the last port the job may take after it taken, for real: a listening socket holds
+    it (with restarts in place, each generation's tracker and board are two ports further on).
+    Both ways `local` picks are steered: a random port below the ephemeral range, or the kernel's."""
+    import random
     import socket
 
     from launcher.xgboost.local import tracker_port_for
 
+    last = 2 * (restarts + 1) - 1  # the last generation's board, from the first tracker
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
     taken = held.getsockname()[1]
-    offers = iter([taken - 1])
+    offers = iter([taken - last])
     real = socket.socket
 
     class FirstOfferNextToATakenPort(real):  # the kernel's choice for bind(port 0) is what is steered
@@ -217,13 +250,20 @@ def test_local_picks_a_tracker_port_whose_neighbour_the_stop_board_needs_is_free
                 address = ("127.0.0.1", offer)
             return super().bind(address)
 
+    picks, pick = iter([taken - last]), random.SystemRandom.randrange
+
+    def first_pick_next_to_a_taken_port(self, *bounds):
+        return next(picks, None) or pick(self, *bounds)
+
     monkeypatch.setattr(socket, "socket", FirstOfferNextToATakenPort)
+    monkeypatch.setattr(random.SystemRandom, "randrange", first_pick_next_to_a_taken_port)
     try:
-        chosen = tracker_port_for(None)
+        chosen = tracker_port_for(None, restarts)
     finally:
         held.close()
-    assert chosen != taken - 1
+    assert chosen != taken - last
     monkeypatch.undo()
-    with socket.socket() as probe:  # the neighbour was free when it was chosen
-        probe.bind(("127.0.0.1", chosen + 1))
+    for port in range(chosen + 1, chosen + last + 1):  # they were free when it was chosen
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
     assert tracker_port_for("29500") == 29500  # the user's port is the user's

@@ -306,16 +306,18 @@ def restart_env(generation: int) -> dict[str, str]:
     return {RESTART_COUNT_ENV: str(generation)}
 
 
-def generation_port(port: int, generation: int, name: str, given: str | None = None) -> int:
-    """The port of the job's ``generation``-th start in place: ``generation`` above the first one's,
-    so that no process joins the last generation's service (``name``: the setting that gave it,
-    ``given``: its value, where that is more than the port)."""
+def generation_port(port: int, generation: int, name: str, given: str | None = None, step: int = 1) -> int:
+    """The port of the job's ``generation``-th start in place: ``generation`` x ``step`` above the
+    first one's, so that no process joins the last generation's service (``name``: the setting that
+    gave it, ``given``: its value, where that is more than the port). ``step``: the ports each
+    generation takes from its first on (a service beside the main one), all of which must fit."""
     from launcher.core.outcome import ConfigError
 
-    if port + generation > 65535:
-        expected = f"a port with room for {generation} restarts above it (up to 65535)"
+    if port + generation * step + step - 1 > 65535:
+        each = f", {step} ports each" if step > 1 else ""
+        expected = f"a port with room for {generation} restarts above it{each} (up to 65535)"
         raise ConfigError(name, given or str(port), expected)
-    return port + generation
+    return port + generation * step
 
 
 class Pod:

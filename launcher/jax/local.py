@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import TYPE_CHECKING
 
 from launcher.core.outcome import ConfigError
 from launcher.local.nodes import Pods, port, run_framework_pods
+
+if TYPE_CHECKING:
+    from launcher.core.settings import LauncherSettings
 
 # The controller owns these; a caller's own would otherwise leak into every pod.
 CONTROLLER_VARIABLES = ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS")
@@ -27,13 +31,14 @@ def node_env(job: Pods, index: int, coordinator_port: int, base: dict[str, str])
     return env
 
 
-def setup(job: Pods, args: argparse.Namespace):
-    """One JAX process a pod, and the coordinator's port (``local``'s --master-port, else free)."""
+def setup(job: Pods, args: argparse.Namespace, launcher: LauncherSettings):
+    """One JAX process a pod, and the coordinator's port (``local``'s --master-port, else free, with
+    the port each restart in place moves it on to (launcher.jax.plan) free too)."""
     if args.nproc_per_node.strip() != "1":
         raise ConfigError(
             "--nproc-per-node", args.nproc_per_node, "1: a JAX pod runs one process, which uses every device of its pod"
         )
-    coordinator_port = port(args.master_port)
+    coordinator_port = port(args.master_port, span=launcher.max_restarts + 1)
     summary = f"{job.nnodes} JAX processes, one per node, coordinator {job.address(0)}:{coordinator_port}"
     return (lambda index, base: node_env(job, index, coordinator_port, base)), summary
 

@@ -170,9 +170,12 @@ def knob_args(overrides: dict[str, Override]) -> list[str]:
 
 # How a framework's pod is set up once the pods are known: its environment for pod i (given the
 # caller's), and the job's one-line summary.
-# A framework's part of ``local``: from the pods and ``local``'s arguments (its own flags validated
-# there), each pod's environment (what the controller injects) and the job's summary.
-PodSetup = Callable[[Pods, argparse.Namespace], tuple[Callable[[int, dict[str, str]], dict[str, str]], str]]
+# A framework's part of ``local``: from the pods, ``local``'s arguments (its own flags validated
+# there) and the launcher's settings (the ports its restarts in place take), each pod's environment
+# (what the controller injects) and the job's summary.
+PodSetup = Callable[
+    [Pods, argparse.Namespace, LauncherSettings], tuple[Callable[[int, dict[str, str]], dict[str, str]], str]
+]
 
 
 def run_framework_pods(
@@ -190,7 +193,7 @@ def run_framework_pods(
 
     def body(launcher: LauncherSettings) -> Outcome:
         job = pods(args.nnodes, args.trainjob, args.isolation)
-        env_of, summary = setup(job, args)
+        env_of, summary = setup(job, args, launcher)
         if not rest:
             raise ConfigError(
                 "PROGRAM",

@@ -17,6 +17,11 @@ after the rendezvous timeout. A command the runner cannot wrap (not ``python ...
 command in program mode, starts after the waits, as given.
 
 Once running, the pods share one stop record through pod 0's board (launcher/xgboost/stops.py).
+
+A restart in place (LAUNCHER_MAX_RESTARTS, launcher/core/lifecycle.py) plans the next generation
+(its tracker and board on ports of their own, launcher/xgboost/plan.py), and starts pod 0's tracker,
+the board and every worker afresh, each worker told LAUNCHER_RESTART_COUNT and reporting to a file
+of its generation; the board takes only that generation's stop records.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
 from launcher import status
@@ -52,9 +57,14 @@ KNOCK_INTERVAL = 0.2
 
 
 def make_plan(
-    xgboost_overrides: dict[str, Override], rest: list[str], launcher: LauncherSettings, require_program: bool = True
+    xgboost_overrides: dict[str, Override],
+    rest: list[str],
+    launcher: LauncherSettings,
+    require_program: bool = True,
+    generation: int = 0,
 ) -> XGBoostPlan:
-    """Read and validate DMLC_* and the knobs, read the host, plan this pod."""
+    """Read and validate DMLC_* and the knobs, read the host, plan this pod's ``generation`` (a
+    restart in place)."""
     from launcher.core.runner_command import plan_inputs
     from launcher.xgboost.plan import XGBoostFacts, plan_xgboost
     from launcher.xgboost.settings import XGBoostSettings, load_xgboost
@@ -71,7 +81,7 @@ def make_plan(
         runner=RUNNER,
         tracker_script=TRACKER,
     )
-    return plan_xgboost(given.settings, facts, given.program, given.sources)
+    return plan_xgboost(given.settings, facts, given.program, given.sources, generation, launcher.max_restarts)
 
 
 def run_xgboost(
@@ -152,7 +162,7 @@ class XGBoostPod(lifecycle.Pod):
         if tracker_module.is_pod_0():  # elsewhere a tracker would only start and leave: a process for nothing
             go = life.go_pipe()
             self.early_tracker = _Tracker(life, [command.interpreter, TRACKER, "--go-fd", str(go.child_fd)], go)
-        self.runner_go, self.joined_pipe = life.go_pipe(), life.listen(self._on_joined)
+        self.runner_go, self.joined_pipe = life.go_pipe(), self._listen_joins(life)
         pipes = {"--go-fd": self.runner_go.child_fd, "--joined-fd": self.joined_pipe.child_fd}
         options = [
             *(word for flag, fd in pipes.items() for word in (flag, str(fd))),
@@ -169,8 +179,9 @@ class XGBoostPod(lifecycle.Pod):
     def start(self, life: lifecycle.Life) -> None:
         from launcher.xgboost.stops import Stops
 
-        self.stops = Stops(life.supervisor, life.plan, life.launcher.retryable_exit_codes)
-        life.closing(self.stops.close)
+        if not life.generation:  # a restart closes the last generation's board itself
+            life.closing(self._close_stops)
+        self.stops = Stops(life.supervisor, life.plan, life.launcher.retryable_exit_codes, life.generation)
         self.stops.open()
         self._start_tracker(life)
         self._start_runners(life)
@@ -193,7 +204,7 @@ class XGBoostPod(lifecycle.Pod):
         """Every planned worker: the early runner as worker 0 when the plan has one worker per pod
         run through the runner, and the rest (or all) now, waiting for their go word."""
         plan = life.plan
-        self.workers = [_Spawned(w, report_path=life.path(f"worker-{w.task_id}.json")) for w in plan.workers]
+        self.workers = [_Spawned(w, report_path=_report_path(life, w.task_id)) for w in plan.workers]
         reuse = self.early_runner is not None and plan.runner and plan.workers_per_pod == 1
         if self.early_runner is not None and not reuse:
             _made(self.runner_go, "the early runner's go pipe").close()
@@ -208,7 +219,7 @@ class XGBoostPod(lifecycle.Pod):
             return
         self.shared_go = go = life.go_pipe()
         if self.joined_pipe is None:
-            self.joined_pipe = life.listen(self._on_joined)
+            self.joined_pipe = self._listen_joins(life)
         for spawned in rest:
             options = [
                 "--go-fd",
@@ -290,8 +301,12 @@ class XGBoostPod(lifecycle.Pod):
             shared_go.close()
         self._watch_joins(life, time.monotonic() + life.launcher.rendezvous_timeout)
 
-    def _on_joined(self, data: bytes) -> None:
-        self.joined.update(int(word) for word in data.split() if word.isdigit())
+    def _listen_joins(self, life: lifecycle.Life) -> lifecycle.Listen:
+        """This generation's pipe on which every runner writes its task id once joined (an earlier
+        generation's words, read late, land in that generation's set)."""
+        joined: set[int] = set()
+        self.joined = joined
+        return life.listen(lambda data: joined.update(int(word) for word in data.split() if word.isdigit()))
 
     def _watch_joins(self, life: lifecycle.Life, deadline: float) -> None:
         """Serve until every local worker has joined the tracker, or time the job out."""
@@ -336,6 +351,38 @@ class XGBoostPod(lifecycle.Pod):
         if life.supervisor.first_failure is None and self.join_timeout is None:
             return
         stops.post(self.judge(life))
+
+    # --- restarting in place -------------------------------------------------------------------
+
+    # Every pod ends a generation alike through the stop board: the pod whose worker (or tracker)
+    # failed on its own posts its outcome and every other adopts it, so all restart or none.
+    restarts_in_place = True
+
+    def restarts_after(self, outcome: Outcome) -> bool:
+        """Not after a pod that is gone or never came (PeerLost; RendezvousTimeout, its workers
+        never all joined): a pod that starts again, or late, starts from the first generation, on
+        the first generation's tracker port, and could never join the others' later one. So those
+        end as before (138) and Kubernetes starts every pod again."""
+        from launcher.core.outcome import Reasons
+
+        reasons = (outcome.reason, outcome.extra.get("causeReason"))
+        return Reasons.PEER_LOST not in reasons and Reasons.RENDEZVOUS_TIMEOUT not in reasons
+
+    def restart(self, life: lifecycle.Life) -> None:
+        """Every process of the last generation is gone: plan this one (its tracker and board on
+        ports of their own); :meth:`start` then starts the board, pod 0's tracker and every worker."""
+        plan = make_plan(self.xgboost_overrides, self.rest, life.launcher, generation=life.generation)
+        if life.planned is not None:
+            life.planned = replace(life.planned, plan=plan, summary=_summary(plan))
+        self._close_stops()
+        self.early_tracker = self.tracker = None
+        self.early_runner = self.runner_go = self.shared_go = self.joined_pipe = None
+        self.workers, self.joined, self.join_timeout = [], set(), None
+
+    def _close_stops(self) -> None:
+        if self.stops is not None:
+            self.stops.close()
+            self.stops = None
 
     # --- judging -------------------------------------------------------------------------------
 
@@ -440,6 +487,13 @@ def _peer_lost(spawned: _Spawned, report: records.Report | None) -> bool:
     if report is not None:
         return report.ending == "peerLost"
     return bool(runner_module.PEER_LOSS.search("\n".join(_made(spawned.child, "a worker").tail)))
+
+
+def _report_path(life: lifecycle.Life, task_id: int) -> str:
+    """Where worker ``task_id`` of this generation reports how it ended: a file of the generation's
+    own, so that an earlier one's late report never speaks for it."""
+    suffix = f"-g{life.generation}" if life.generation else ""
+    return life.path(f"worker-{task_id}{suffix}.json")
 
 
 def _exited_at(spawned: _Spawned) -> float:

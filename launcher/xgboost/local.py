@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import TYPE_CHECKING
 
 from launcher.core import settings
 from launcher.core.outcome import ConfigError
 from launcher.local.nodes import Pods, port, run_framework_pods
-from launcher.xgboost import board
 from launcher.xgboost.knobs import XGBOOST_KNOBS
+from launcher.xgboost.plan import PORTS_PER_GENERATION
+
+if TYPE_CHECKING:
+    from launcher.core.settings import LauncherSettings
 
 # The controller owns these; a caller's own would otherwise leak into every pod.
 CONTROLLER_VARIABLES = ("DMLC_TRACKER_URI", "DMLC_TRACKER_PORT", "DMLC_TASK_ID", "DMLC_NUM_WORKER")
@@ -39,13 +43,14 @@ def node_env(job: Pods, index: int, per_pod: int, tracker_port: int, base: dict[
     return env
 
 
-def tracker_port_for(master_port: str | None) -> int:
-    """``--master-port``, or a free port whose neighbour is free too: pod 0's stop board listens
-    on the tracker's port + 1 (launcher.xgboost.board)."""
-    return port(master_port, span=1 + board.PORT_OFFSET)
+def tracker_port_for(master_port: str | None, restarts: int = 0) -> int:
+    """``--master-port``, or a free port with every port the job may use free after it too: pod
+    0's stop board listens on the tracker's port + 1 (launcher.xgboost.board), and each of the
+    ``restarts`` in place moves both on by PORTS_PER_GENERATION (launcher.xgboost.plan)."""
+    return port(master_port, span=PORTS_PER_GENERATION * (restarts + 1))
 
 
-def setup(job: Pods, args: argparse.Namespace):
+def setup(job: Pods, args: argparse.Namespace, launcher: LauncherSettings):
     """Workers a pod (``local``'s --nproc-per-node: the GPUs a pod stands for) and the tracker's port."""
     try:
         per_pod = settings.int_in(1, MAX_PER_POD, "a worker count")(args.nproc_per_node)
@@ -53,7 +58,7 @@ def setup(job: Pods, args: argparse.Namespace):
         raise ConfigError(
             "--nproc-per-node", args.nproc_per_node, f"{error}: the GPUs each emulated pod stands for (1: a CPU pod)"
         ) from None
-    tracker_port = tracker_port_for(args.master_port)
+    tracker_port = tracker_port_for(args.master_port, launcher.max_restarts)
     summary = (
         f"{job.nnodes} pods x {per_pod} XGBoost worker(s), tracker {job.address(0)}:{tracker_port} (DMLC_TRACKER_URI)"
     )

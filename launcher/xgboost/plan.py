@@ -11,6 +11,10 @@ there as a supervised process and runs a ``python`` program through launcher/xgb
 joins the collective before the program starts. With ``LAUNCHER_XGBOOST_TRACKER=program`` (the
 default for a command that is not ``python ...``) the program's task 0 starts the tracker itself,
 as upstream's examples do, and the command runs as given.
+
+A restart in place (launcher.core.lifecycle) plans its generation g afresh: its tracker listens
+``PORTS_PER_GENERATION`` x g above ``DMLC_TRACKER_PORT``, and every worker is told that port, so
+that no worker joins the last generation's tracker and no tracker lands on its stop board.
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from launcher.core import python_argv
+from launcher.core.lifecycle import generation_port
 from launcher.core.outcome import ConfigError
+from launcher.xgboost.board import PORT_OFFSET
 
 if TYPE_CHECKING:  # pydantic stays out of the plan's imports
     from launcher.xgboost.settings import XGBoostSettings
 
 LOOPBACK = "127.0.0.1"
+# The ports one start of the job takes: the tracker's, and pod 0's stop board after it (board.py).
+PORTS_PER_GENERATION = 1 + PORT_OFFSET
 
 
 @dataclass(frozen=True)
@@ -150,9 +158,28 @@ def _gpu_of(local_rank: int, cuda_visible_devices: str | None) -> str:
     return str(local_rank)
 
 
+def tracker_port(xgboost: XGBoostSettings, sources: dict[str, str], generation: int) -> int:
+    """The tracker's port in the job's ``generation``-th start: ``PORTS_PER_GENERATION`` apart, so
+    the ports of no two generations (tracker and board) meet."""
+    if not generation:
+        return xgboost.tracker_port
+    name = sources.get("tracker_port", "DMLC_TRACKER_PORT")
+    return generation_port(xgboost.tracker_port, generation, name, step=PORTS_PER_GENERATION)
+
+
 def plan_xgboost(
-    xgboost: XGBoostSettings, facts: XGBoostFacts, program: tuple[str, ...], sources: dict[str, str]
+    xgboost: XGBoostSettings,
+    facts: XGBoostFacts,
+    program: tuple[str, ...],
+    sources: dict[str, str],
+    generation: int = 0,
+    restarts: int = 0,
 ) -> XGBoostPlan:
+    """``generation``: which start in place of the job this plans; ``restarts``: how many the job
+    may make (LAUNCHER_MAX_RESTARTS), whose last one's ports must fit below 65536 too, refused now
+    rather than at that restart."""
+    port = tracker_port(xgboost, sources, generation)
+    tracker_port(xgboost, sources, restarts)
     per_pod, why = workers_per_pod(xgboost, facts, sources)
     if xgboost.num_worker % per_pod:
         raise ConfigError(
@@ -185,7 +212,7 @@ def plan_xgboost(
             "--workers",
             str(xgboost.num_worker),
             "--port",
-            str(xgboost.tracker_port),
+            str(port),
             "--host",
             _bind_address(tracker_host),
         )
@@ -194,7 +221,7 @@ def plan_xgboost(
     for local_rank in range(per_pod):
         env = {
             "DMLC_TRACKER_URI": tracker_host,
-            "DMLC_TRACKER_PORT": str(xgboost.tracker_port),
+            "DMLC_TRACKER_PORT": str(port),
             "DMLC_TASK_ID": str(xgboost.task_id * per_pod + local_rank),
             "DMLC_NUM_WORKER": str(xgboost.num_worker),
         }
@@ -211,7 +238,7 @@ def plan_xgboost(
     except ValueError:
         resolve = tracker_host
     # Pod 0's own tracker says when it listens (no probe); in program mode its task 0 starts it.
-    connect = (tracker_host, xgboost.tracker_port) if xgboost.task_id != 0 else None
+    connect = (tracker_host, port) if xgboost.task_id != 0 else None
     return XGBoostPlan(
         pod_index=xgboost.task_id,
         num_worker=xgboost.num_worker,
@@ -219,7 +246,7 @@ def plan_xgboost(
         workers_why=why,
         node=facts.hostname,
         tracker_host=tracker_host,
-        tracker_port=xgboost.tracker_port,
+        tracker_port=port,
         tracker_by=tracker_by,
         tracker_why=tracker_why,
         tracker_argv=tracker_argv,

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 # A pod whose workers only lost a peer: how long it waits for the board to name the root cause.
 PEER_WAIT = 2.0
 SERVE_STEP = 0.2
-# The start of the job a stop record ends. An XGBoost job starts once (no restart in place), so
-# every record is of generation 0; a restart would pass the next to Stops.
+# The start of the job a stop record ends: 0, then each restart in place passes its own to Stops,
+# whose board (on that generation's port) takes only that generation's records.
 FIRST_GENERATION = 0
 
 
