@@ -233,6 +233,13 @@ class Life:
     def path(self, name: str) -> str:
         return os.path.join(self.workdir, name)
 
+    def generation_path(self, name: str, generation: int | None = None) -> str:
+        """File ``name`` (JSON) of generation ``generation``, this one's by default: the first
+        start's is ``name.json``, a restart's ``name-<g>.json``, so that an earlier generation's late
+        write never speaks for a later one."""
+        generation = self.generation if generation is None else generation
+        return self.path(f"{name}-{generation}.json" if generation else f"{name}.json")
+
     def runner_env(self) -> dict[str, str]:
         """What a runner (launcher/runner/) gets with its go word beside the plan's: the watch's
         variables, the restart count, and ``--allow-untested-versions``, since its version gate

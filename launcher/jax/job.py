@@ -122,7 +122,7 @@ class JaxPod(lifecycle.Pod):
         plan, env = life.plan, life.runner_env()
         if self.runner is not None and self.go_word is not None:  # started early: it waits for its word
             self.child = self.runner
-            self.go_word.send({"env": {**plan.env_set, **env, REPORT_ENV: self._report(life)}})
+            self.go_word.send({"env": {**plan.env_set, **env, REPORT_ENV: life.generation_path("report")}})
             self.go_word.close()
         else:
             self.child = life.supervisor.spawn("jax", list(plan.argv), {**settings.environ(), **plan.env_set, **env})
@@ -140,15 +140,10 @@ class JaxPod(lifecycle.Pod):
             life.plan,
             supervisor,
             child,
-            records.Report.read(self._report(life)),
+            records.Report.read(life.generation_path("report")),
             life.launcher.retryable_exit_codes,
             life.memory,
         )
-
-    @staticmethod
-    def _report(life: lifecycle.Life) -> str:
-        """Where this generation's runner reports how its process ended."""
-        return life.path(f"report-{life.generation}.json" if life.generation else "report.json")
 
 
 def make_plan(

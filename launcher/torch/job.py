@@ -140,9 +140,9 @@ class TorchPod(lifecycle.Pod):
                 "--status-fd",
                 str(agent.status.child_fd),
                 "--report",
-                _generation_path(life, "report", generation),
+                life.generation_path("report", generation),
                 "--job",
-                _generation_path(life, "job", generation),
+                life.generation_path("job", generation),
                 *options,
             ],
             pipes=(control, agent.status),
@@ -230,7 +230,7 @@ class TorchPod(lifecycle.Pod):
         return torch_outcome(
             life.supervisor,
             self.current.child,
-            records.Report.read(_generation_path(life, "report", life.generation)),
+            records.Report.read(life.generation_path("report")),
             life.launcher.retryable_exit_codes,
             life.node,
             life.plan.nnodes == "1",
@@ -242,7 +242,7 @@ class TorchPod(lifecycle.Pod):
         return self.verdict or self._own(life)
 
     def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
-        nodes = [_node_outcome(summary) for summary in _read_json(_generation_path(life, "job", life.generation), [])]
+        nodes = [_node_outcome(summary) for summary in _read_json(life.generation_path("job"), [])]
         nnodes = int(life.plan.nnodes) if life.plan.nnodes.isdigit() else None
         return job_outcome(
             own, life.plan.node_rank, life.node, nodes, nnodes, lambda: self._own(life, peer_vanished=False)
@@ -261,11 +261,6 @@ class _Agent:
     def close(self) -> None:
         self.control.close()
         self.status.close()
-
-
-def _generation_path(life: lifecycle.Life, name: str, generation: int) -> str:
-    """Generation ``generation``'s file ``name`` (its agent's report, the nodes' outcomes)."""
-    return life.path(f"{name}-{generation}.json" if generation else f"{name}.json")
 
 
 def _stacks_of_every_node(request: str, supervisor: Supervisor) -> list:

@@ -204,7 +204,7 @@ class XGBoostPod(lifecycle.Pod):
         """Every planned worker: the early runner as worker 0 when the plan has one worker per pod
         run through the runner, and the rest (or all) now, waiting for their go word."""
         plan = life.plan
-        self.workers = [_Spawned(w, report_path=_report_path(life, w.task_id)) for w in plan.workers]
+        self.workers = [_Spawned(w, report_path=life.generation_path(f"worker-{w.task_id}")) for w in plan.workers]
         reuse = self.early_runner is not None and plan.runner and plan.workers_per_pod == 1
         if self.early_runner is not None and not reuse:
             _made(self.runner_go, "the early runner's go pipe").close()
@@ -487,13 +487,6 @@ def _peer_lost(spawned: _Spawned, report: records.Report | None) -> bool:
     if report is not None:
         return report.ending == "peerLost"
     return bool(runner_module.PEER_LOSS.search("\n".join(_made(spawned.child, "a worker").tail)))
-
-
-def _report_path(life: lifecycle.Life, task_id: int) -> str:
-    """Where worker ``task_id`` of this generation reports how it ended: a file of the generation's
-    own, so that an earlier one's late report never speaks for it."""
-    suffix = f"-g{life.generation}" if life.generation else ""
-    return life.path(f"worker-{task_id}{suffix}.json")
 
 
 def _exited_at(spawned: _Spawned) -> float:
