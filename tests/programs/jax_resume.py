@@ -16,14 +16,12 @@ REPORT_DIR  each process appends "<generation> <step> <coordinator>" per step do
 import gc
 import json
 import os
-import signal
-import sys
-import time
 
 gc.disable()  # the collector paused over the imports (README.md: CI time)
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
+from restart_fault import FAIL
 
 gc.freeze()
 gc.enable()
@@ -33,19 +31,6 @@ checkpoint = os.environ.get("CKPT")
 steps = int(os.environ.get("STEPS", "8"))
 report_dir = os.environ.get("REPORT_DIR")
 fail_id = int(os.environ.get("FAIL_ID", "1"))
-ending, fail_step, fail_generations = None, -1, ()
-if os.environ.get("FAIL"):
-    parts = os.environ["FAIL"].split("@")
-    ending, fail_step = parts[0], int(parts[1])
-    fail_generations = tuple(int(g) for g in (parts[2] if len(parts) > 2 else "0").split(","))
-
-
-def end() -> None:
-    how, _, what = ending.partition(":")
-    if how == "exit":
-        sys.exit(int(what))
-    os.kill(os.getpid(), signal.Signals[what])
-    time.sleep(60)
 
 
 jax.distributed.initialize()
@@ -56,8 +41,8 @@ if checkpoint and os.path.exists(checkpoint):
         saved = json.load(handle)
     start, weight = saved["step"] + 1, saved["weight"]
 for step in range(start, steps):
-    if me == fail_id and step == fail_step and generation in fail_generations:
-        end()
+    if me == fail_id and FAIL.due(step, generation):
+        FAIL.end()
     # Each process adds its share; the sum over the world is 1 a step.
     gathered = multihost_utils.process_allgather(jnp.array(1.0 / jax.process_count()))
     weight += float(gathered.sum())

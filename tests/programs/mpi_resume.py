@@ -15,11 +15,9 @@ REPORT_DIR  each rank appends "<generation> <step>" per step done to <rank>.step
 
 import json
 import os
-import signal
-import sys
-import time
 
 from mpi4py import MPI
+from restart_fault import FAIL
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
@@ -28,19 +26,6 @@ checkpoint = os.environ.get("CKPT")
 steps = int(os.environ.get("STEPS", "8"))
 report_dir = os.environ.get("REPORT_DIR")
 fail_rank = int(os.environ.get("FAIL_RANK", "1"))
-ending, fail_step, fail_generations = None, -1, ()
-if os.environ.get("FAIL"):
-    parts = os.environ["FAIL"].split("@")
-    ending, fail_step = parts[0], int(parts[1])
-    fail_generations = tuple(int(g) for g in (parts[2] if len(parts) > 2 else "0").split(","))
-
-
-def end() -> None:
-    how, _, what = ending.partition(":")
-    if how == "exit":
-        sys.exit(int(what))
-    os.kill(os.getpid(), signal.Signals[what])
-    time.sleep(60)
 
 
 start, weight = 0, 0.0
@@ -49,8 +34,8 @@ if checkpoint and os.path.exists(checkpoint):
         saved = json.load(handle)
     start, weight = saved["step"] + 1, saved["weight"]
 for step in range(start, steps):
-    if rank == (fail_rank + generation) % comm.Get_size() and step == fail_step and generation in fail_generations:
-        end()
+    if rank == (fail_rank + generation) % comm.Get_size() and FAIL.due(step, generation):
+        FAIL.end()
     weight += comm.allreduce(1.0) / comm.Get_size()
     if report_dir:
         with open(os.path.join(report_dir, f"{rank}.steps"), "a") as log:

@@ -20,13 +20,12 @@ REPORT_DIR  each rank appends "<generation> <step> <launcher's restart count>" p
 
 import gc
 import os
-import signal
-import sys
 import time
 
 gc.disable()  # the collector paused over the imports (README.md: CI time)
 import torch
 import torch.distributed as dist
+from restart_fault import FAIL
 
 gc.freeze()
 gc.enable()
@@ -39,16 +38,11 @@ steps = int(os.environ.get("STEPS", "12"))
 step_time = float(os.environ.get("STEP_TIME", "0.05"))
 report_dir = os.environ.get("REPORT_DIR")
 fail_rank = int(os.environ.get("FAIL_RANK", "1"))
-ending, fail_step, fail_generations = None, -1, ()
 hang_step, hang_generations = -1, ()
 if os.environ.get("HANG"):
     step_text, _, generations_text = os.environ["HANG"].partition("@")
     hang_step, hang_generations = int(step_text), tuple(int(g) for g in (generations_text or "0").split(","))
 progress = os.environ.get("PROGRESS") == "1"
-if os.environ.get("FAIL"):
-    parts = os.environ["FAIL"].split("@")
-    ending, fail_step = parts[0], int(parts[1])
-    fail_generations = tuple(int(g) for g in (parts[2] if len(parts) > 2 else "0").split(","))
 
 
 def atomic(path: str, text: str) -> None:
@@ -62,24 +56,16 @@ def stuck_forever() -> None:
         time.sleep(60)
 
 
-def end() -> None:
-    how, _, what = ending.partition(":")
-    if how == "exit":
-        sys.exit(int(what))
-    os.kill(os.getpid(), signal.Signals[what])
-    time.sleep(60)
-
-
 dist.init_process_group("gloo")
 start, weights = 0, torch.zeros(64)
 if checkpoint and os.path.exists(checkpoint):
     saved = torch.load(checkpoint)
     start, weights = saved["step"] + 1, saved["weights"]
 for step in range(start, steps):
-    if rank == fail_rank and step == fail_step and generation in fail_generations:
+    if rank == fail_rank and FAIL.due(step, generation):
         if report_dir:
             atomic(os.path.join(report_dir, f"{rank}.fault-{generation}"), repr(time.time()))
-        end()
+        FAIL.end()
     if rank == fail_rank and step == hang_step and generation in hang_generations:
         stuck_forever()
     update = torch.ones(64)

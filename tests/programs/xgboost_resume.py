@@ -16,13 +16,11 @@ OUT_DIR     each worker appends "<generation> <round> <DMLC_TRACKER_PORT>" per r
 
 import gc
 import os
-import signal
-import sys
-import time
 
 gc.disable()  # the collector paused over the imports (README.md: CI time)
 import numpy as np
 import xgboost as xgb
+from restart_fault import FAIL
 from xgboost import collective
 
 gc.freeze()
@@ -34,11 +32,6 @@ out = os.environ["OUT_DIR"]
 checkpoint = os.environ.get("CKPT")
 rounds = int(os.environ.get("ROUNDS", "6"))
 fail_task = int(os.environ.get("FAIL_TASK", "1"))
-ending, fail_round, fail_generations = None, -1, ()
-if os.environ.get("FAIL"):
-    parts = os.environ["FAIL"].split("@")
-    ending, fail_round = parts[0], int(parts[1])
-    fail_generations = tuple(int(g) for g in (parts[2] if len(parts) > 2 else "0").split(","))
 
 
 def write(path: str, data: bytes) -> None:
@@ -47,19 +40,11 @@ def write(path: str, data: bytes) -> None:
     os.replace(path + ".tmp", path)
 
 
-def end() -> None:
-    how, _, what = ending.partition(":")
-    print(f"task {task} ends ({ending}) in generation {generation}", flush=True)
-    if how == "exit":
-        sys.exit(int(what))
-    os.kill(os.getpid(), signal.Signals[what])
-    time.sleep(60)
-
-
 class Checkpoint(xgb.callback.TrainingCallback):
     def before_iteration(self, model, epoch, evals_log):
-        if task == fail_task and model.num_boosted_rounds() == fail_round and generation in fail_generations:
-            end()
+        if task == fail_task and FAIL.due(model.num_boosted_rounds(), generation):
+            print(f"task {task} ends ({FAIL.ending}) in generation {generation}", flush=True)
+            FAIL.end()
         return False
 
     def after_iteration(self, model, epoch, evals_log):
