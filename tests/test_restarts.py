@@ -21,9 +21,11 @@ RESUME = str(REPO / "tests" / "programs" / "resume.py")
 STEPS = 10
 
 
-def _pods(tmp_path: Path, report_dir: Path, restarts: str, backend: str = "static", **env: str) -> list[Job]:
-    """Two pods, the worker first. ``restarts``: how the user asks for them, torchrun's way or ours."""
-    port = free_port()
+def _pods(tmp_path: Path, report_dir: Path, restarts: str, backend: str = "static", *, port: int | None = None,
+          nodes: tuple[int, ...] = (1, 0), options: tuple[str, ...] = (), **env: str) -> list[Job]:
+    """Two pods, the worker first. ``restarts``: how the user asks for them, torchrun's way or ours.
+    ``port``, ``nodes``: the job's master port, and which of its pods to start (a replacement)."""
+    port = port or free_port()
     spelled = {
         "torchrun": (("--max-restarts", "2"), (), {}),
         "pet": ((), (), {"PET_MAX_RESTARTS": "2"}),
@@ -31,18 +33,18 @@ def _pods(tmp_path: Path, report_dir: Path, restarts: str, backend: str = "stati
         "env": ((), (), {"LAUNCHER_MAX_RESTARTS": "2"}),
         "none": ((), (), {}),
     }
-    torchrun, options, variables = spelled[restarts]
+    torchrun, ours, variables = spelled[restarts]
     rendezvous = {"PET_RDZV_BACKEND": "c10d"} if backend == "c10d" else {}
     pods = []
     env = {"STEPS": str(STEPS), **env}
-    for node in (1, 0):
+    for node in nodes:
         pod_env = clean_env(
             PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(node), PET_MASTER_ADDR="127.0.0.1",
             PET_MASTER_PORT=str(port), HOSTNAME=f"job-node-0-{node}", CKPT=str(tmp_path / "checkpoint.pt"),
             REPORT_DIR=str(report_dir), **rendezvous, **{**variables, **env},
         )
-        argv = launcher("torch", "--grace-period", "5", *options, "--", *torchrun, RESUME)
-        pods.append(Job(argv, pod_env, tmp_path, f"node{node}"))
+        argv = launcher("torch", "--grace-period", "5", *ours, *options, "--", *torchrun, RESUME)
+        pods.append(Job(argv, pod_env, tmp_path, f"node{node}-{len(list(tmp_path.glob(f'node{node}*.out')))}"))
     return pods
 
 
@@ -173,17 +175,68 @@ def _metrics(record: dict) -> dict[str, str]:
     return {m["name"]: m["value"] for m in status.get("metrics", [])}
 
 
-def test_a_lost_pod_is_not_waited_for_the_pod_that_remains_exits_peer_lost_at_once(tmp_path, report_dir):
-    """Every process of pod 1 is SIGKILLed (a lost machine). Its replacement could not find a later
-    generation, so pod 0 does not restart in place: 138 PeerLost, naming the lost pod, as without
-    restarts, and Kubernetes starts both again."""
+def _lose_pod_when_every_pod_trains(report_dir: Path, pods: list[Job], lost: int) -> None:
+    """SIGKILL every process of pod ``lost`` (a lost machine) once a rank of each pod has stepped."""
     from test_endings import _kill_pod
 
-    survivor, victim = reversed(_pods(tmp_path, report_dir, "launcher", STEPS="100000"))
-    wait_for(lambda: (report_dir / "3.steps").exists() and (report_dir / "0.steps").exists(), 120,
+    wait_for(lambda: (report_dir / "3.first-0").exists() and (report_dir / "0.first-0").exists(), 120,
              "every pod to train")
-    _kill_pod(victim)
+    _kill_pod(pods[1 - lost])  # pods are (node 1, node 0)
+
+
+def test_a_lost_pod_without_rejoin_is_not_waited_for_the_pod_that_remains_exits_peer_lost_at_once(
+    tmp_path, report_dir
+):
+    """--rejoin-timeout 0: the pod that remains does not hold for a replacement. 138 PeerLost,
+    naming the lost pod, as without restarts, and Kubernetes starts both again."""
+    pods = _pods(tmp_path, report_dir, "launcher", options=("--rejoin-timeout", "0"), STEPS="100000")
+    _lose_pod_when_every_pod_trains(report_dir, pods, lost=1)
+    survivor = pods[1]
     assert survivor.wait(120) == 138, survivor.stderr[-4000:]
     message = survivor.termination()
     assert (message["reason"], message["rootCause"]["node"]) == ("PeerLost", "job-node-0-1"), message
     assert "restart " not in survivor.stderr
+
+
+@pytest.mark.parametrize("lost", [1, 0], ids=["worker-pod-lost", "master-pod-lost"])
+def test_a_lost_pod_replaced_rejoins_and_every_pod_finishes_from_the_checkpoint(tmp_path, report_dir, lost):
+    """Every process of one pod is SIGKILLed while the job trains (a lost machine); the test then
+    plays the Job controller and starts its replacement, from nothing, with the same environment.
+    The pod that remains stops its ranks and holds; the replacement finds the generation it holds
+    for at the lobby, on pod 0 (a replaced pod 0 serves a new one) and joins it; every rank resumes
+    from the checkpoint and the job ends well. Losing pod 0 loses the job's store and lobby too."""
+    steps = "400"
+    port = free_port()
+    pods = _pods(tmp_path, report_dir, "launcher", port=port, options=("--rejoin-timeout", "120"), STEPS=steps)
+    _lose_pod_when_every_pod_trains(report_dir, pods, lost)
+    survivor = pods[lost]  # pods are (node 1, node 0): the other one
+    wait_for(lambda: "restart 1 of 2" in survivor.stderr, 120, "the pod that remains to restart")
+    (replacement,) = _pods(tmp_path, report_dir, "launcher", port=port, nodes=(lost,),
+                           options=("--rejoin-timeout", "120"), STEPS=steps)
+    for pod in (survivor, replacement):
+        assert pod.wait(300) == 0, pod.stderr[-5000:]
+        message = pod.termination()
+        assert message["exitCode"] == 0, message
+    assert "rejoining the job at restart 1 of 2" in replacement.stderr, replacement.stderr[-3000:]
+    restarted = survivor.termination()["restarts"]
+    assert [(r["generation"], r["reason"], r["exitCode"]) for r in restarted] == [(0, "PeerLost", 138)], restarted
+    assert restarted[0]["rootCause"]["node"] in (f"job-node-0-{lost}", "127.0.0.1"), restarted
+    done = (pods[1] if lost == 1 else replacement).stdout  # rank 0 is on node 0
+    assert f"done: {steps} steps, weights {steps}" in done, done[-2000:]  # no step lost, none done twice
+    for rank in (0, 1, 2, 3):
+        later = [d for d in _steps(report_dir, rank) if d[0] == 1]
+        assert later and {d[2] for d in later} == {"1"}, later  # generation 1, as torch and the launcher say
+        assert later[-1][1] == int(steps) - 1, later[-1]
+
+
+def test_a_lost_pod_never_replaced_ends_the_others_peer_lost_after_the_rejoin_timeout(tmp_path, report_dir):
+    pods = _pods(tmp_path, report_dir, "launcher", options=("--rejoin-timeout", "5"), STEPS="100000")
+    _lose_pod_when_every_pod_trains(report_dir, pods, lost=1)
+    survivor = pods[1]
+    assert survivor.wait(180) == 138, survivor.stderr[-4000:]
+    assert "restart 1 of 2" in survivor.stderr, survivor.stderr[-3000:]
+    message = survivor.termination()
+    assert (message["reason"], message["rootCause"]["node"], message["retryable"]) == (
+        "PeerLost", "job-node-0-1", True), message
+    assert "did not come back to rejoin the job within 5s (LAUNCHER_REJOIN_TIMEOUT)" in message["message"], message
+    assert [(r["generation"], r["reason"]) for r in message["restarts"]] == [(0, "PeerLost")], message

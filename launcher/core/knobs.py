@@ -64,6 +64,12 @@ KNOBS: dict[str, Knob] = {
         "restart every pod's processes in place, at most this many times, when the job fails "
         "retryably (torchrun's --max-restarts and PET_MAX_RESTARTS mean the same); default 0",
     ),
+    "rejoin_timeout": Knob(
+        "LAUNCHER_REJOIN_TIMEOUT",
+        "--rejoin-timeout",
+        "with --max-restarts: after a pod is lost, how long the others hold for Kubernetes to replace it "
+        "and rejoin it before they exit 138 (PeerLost); default 300s, 0: exit at once",
+    ),
     "log_format": Knob("LAUNCHER_LOG_FORMAT", "--log-format", "the launcher's own log lines: text or json"),
     "keep_nproc": Knob(
         "LAUNCHER_KEEP_NPROC",

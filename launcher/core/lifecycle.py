@@ -29,6 +29,7 @@ from launcher.core import memory
 from launcher.core.supervisor import Child, Interrupted, Supervisor
 
 if TYPE_CHECKING:
+    from launcher.core.lobby import Lobby, Place
     from launcher.core.outcome import LauncherError, Outcome
     from launcher.core.settings import LauncherSettings, Override
 
@@ -205,6 +206,7 @@ class Life:
         self.history: list[Outcome] = []  # how each earlier generation ended
         self.max_restarts = 0  # LAUNCHER_MAX_RESTARTS, or the framework's word for it (Planned)
         self.in_place: RestartAgent | None = None  # JobSet's in-place restart, where the runtime uses it
+        self.lobby: Lobby | None = None  # where the pods agree on each generation, where a lost pod may rejoin
         self.restart_asked = False  # the JobSet asked this generation's pods to restart their containers
         # The container's memory cgroup before the job: the judge compares the kernel's OOM count.
         self.memory = memory.read()
@@ -387,10 +389,24 @@ class Pod:
         """Every process of the last generation is gone: get ready for ``life.generation``, whose
         :meth:`start`, wait and :meth:`go` come next, as the first one's did."""
 
-    def restarts_after(self, outcome: Outcome) -> bool:
+    def restarts_after(self, life: Life, outcome: Outcome) -> bool:
         """Whether the job starts again in place after this retryable ending (restarts left): what
-        the framework's reasons mean may say otherwise (a pod that is gone for good)."""
-        return True
+        the framework's reasons mean may say otherwise. By default, after a lost pod only where its
+        replacement can rejoin (:func:`rejoins`)."""
+        return rejoins(life, outcome)
+
+    def lobby(self, life: Life) -> Place | None:
+        """Where this job's pods agree on each generation (launcher.core.lobby): pod 0's address
+        and a port above every generation's. None: this framework's pods cannot rejoin."""
+        return None
+
+
+def rejoins(life: Life, outcome: Outcome) -> bool:
+    """Whether a pod lost in the last generation (PeerLost) can come back into the next one: the job
+    has a lobby where its replacement finds the generation. Any other ending: True."""
+    from launcher.core.outcome import Reasons
+
+    return life.lobby is not None or Reasons.PEER_LOST not in (outcome.reason, outcome.extra.get("causeReason"))
 
 
 def live(
@@ -434,6 +450,7 @@ def _walk(
     try:
         life.planned = planned = pod.plan(life)
         life.max_restarts = _max_restarts(pod, life, planned)
+        life.lobby = _lobby(pod, life)
         if in_place is not None:
             life.in_place = _restart_agent(in_place, life)
         if export is not None:
@@ -465,6 +482,8 @@ def _generation(pod: Pod, life: Life) -> tuple[Outcome, bool]:
 
     supervisor = life.supervisor
     try:
+        if life.lobby is not None:
+            _check_in(pod, life)
         life.deadline = time.monotonic() + life.launcher.rendezvous_timeout
         pod.start(life)
         awaited = pod.awaits(life)
@@ -534,6 +553,50 @@ def _restart_asked(life: Life) -> bool:
     return True
 
 
+def _lobby(pod: Pod, life: Life) -> Lobby | None:
+    """The job's lobby, where restarts are on and a lost pod may rejoin (LAUNCHER_REJOIN_TIMEOUT);
+    pod 0 serves it from now on."""
+    from launcher.core.lobby import Lobby
+    from launcher.core.outcome import ConfigError
+
+    if not life.max_restarts or life.launcher.rejoin_timeout <= 0:
+        return None
+    place = pod.lobby(life)
+    if place is None or place.nnodes < 2:
+        return None
+    lobby = Lobby(place, life.node)
+    try:
+        lobby.serve()
+    except OSError as error:
+        expected = f"a free port on pod 0 for the job's lobby, the first above every generation's ({error.strerror})"
+        raise ConfigError("the lobby's port", place.port, expected) from None
+    life.closing(lobby.close)
+    return lobby
+
+
+def _check_in(pod: Pod, life: Life) -> None:
+    """Agree with the other pods on the generation to start. A pod that finds the others at a later
+    one (it replaces a lost pod) sends away what it started for its own and joins theirs."""
+    from launcher.core import log
+
+    lobby, launcher = life.lobby, life.launcher
+    assert lobby is not None
+    restarting = life.generation > 0
+    deadline = time.monotonic() + (launcher.rejoin_timeout if restarting else launcher.rendezvous_timeout)
+    while (agreed := lobby.agree(life.generation, deadline, life.supervisor.sleep, restarting)) > life.generation:
+        log.warning(
+            f"rejoining the job at restart {agreed} of {life.max_restarts}: the other pods restarted in "
+            "place without this one (it replaces a lost pod)"
+        )
+        life.stop_waiting()  # what started ahead for the generation it skips leaves at once
+        life.supervisor.run()
+        life.generation = agreed
+        life.supervisor.next_generation()
+        if life.watch is not None:
+            life.watch.restarted(agreed)
+        pod.restart(life)
+
+
 def _max_restarts(pod: Pod, life: Life, planned: Planned) -> int:
     """LAUNCHER_MAX_RESTARTS, or where it is 0 the framework's own word for it; refused (a bad
     value, exit 2) by a framework that cannot restart in place."""
@@ -560,7 +623,7 @@ def _restart_due(pod: Pod, life: Life, outcome: Outcome) -> bool:
     codes = life.launcher.retryable_exit_codes
     if outcome.exit_code == 0 or not is_retryable(outcome.exit_code, codes) or not _may_restart(life):
         return False
-    return pod.restarts_after(outcome)
+    return pod.restarts_after(life, outcome)
 
 
 def _restart(pod: Pod, life: Life, outcome: Outcome) -> None:

@@ -24,6 +24,7 @@ from launcher.jax.plan import REPORT_ENV, runner_argv
 from launcher.runner import report as records
 
 if TYPE_CHECKING:
+    from launcher.core.lobby import Place
     from launcher.core.outcome import Outcome, WaitTimeout
     from launcher.core.settings import LauncherSettings, Override
     from launcher.jax.plan import JaxPlan
@@ -101,6 +102,18 @@ class JaxPod(lifecycle.Pod):
         command = python_argv.parse(plan.program) if plan.runner else None
         if command is not None:
             self._spawn_runner(life, command)
+
+    def lobby(self, life: lifecycle.Life) -> Place | None:
+        """Process 0's, at the coordinator's address, the first port above every generation's
+        coordinator (one process a pod: the processes are the pods)."""
+        from launcher.core.lobby import Place
+
+        plan = life.plan
+        if plan.coordinator is None:
+            return None
+        host, port = plan.coordinator
+        port = lifecycle.generation_port(port, life.max_restarts + 1, "the coordinator's port")
+        return Place(host, port, plan.num_processes, plan.process_id)
 
     def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
         """Process 0: its own name resolves (its client reaches its service through it). The others:

@@ -33,12 +33,13 @@ def node_env(job: Pods, index: int, coordinator_port: int, base: dict[str, str])
 
 def setup(job: Pods, args: argparse.Namespace, launcher: LauncherSettings):
     """One JAX process a pod, and the coordinator's port (``local``'s --master-port, else free, with
-    the port each restart in place moves it on to (launcher.jax.plan) free too)."""
+    the port each restart in place moves it on to (launcher.jax.plan) and the job's lobby above them
+    (launcher.core.lobby) free too)."""
     if args.nproc_per_node.strip() != "1":
         raise ConfigError(
             "--nproc-per-node", args.nproc_per_node, "1: a JAX pod runs one process, which uses every device of its pod"
         )
-    coordinator_port = port(args.master_port, span=launcher.max_restarts + 1)
+    coordinator_port = port(args.master_port, span=launcher.max_restarts + 2)
     summary = f"{job.nnodes} JAX processes, one per node, coordinator {job.address(0)}:{coordinator_port}"
     return (lambda index, base: node_env(job, index, coordinator_port, base)), summary
 

@@ -207,6 +207,11 @@ class MpiPod(CommandPod):
             self.reports.close()
         self.reports, self.refused = None, []
 
+    def restarts_after(self, life: lifecycle.Life, outcome: Outcome) -> bool:
+        """After a lost worker pod too: the next start's mpirun reaches its replacement's sshd by
+        the same name, and waits for it as the first start did."""
+        return True
+
     def own_words(self, line: str) -> bool:
         return mpirun_own_words(line)
 

@@ -37,6 +37,7 @@ from launcher.torch import rank_end
 
 if TYPE_CHECKING:
     from launcher.core.devices import HostFacts
+    from launcher.core.lobby import Place
     from launcher.core.settings import LauncherSettings, Override
     from launcher.torch.plan import TorchPlan
 
@@ -174,14 +175,19 @@ class TorchPod(lifecycle.Pod):
             standby = self._spawn_agent(life, life.generation)
         self._use(standby)
 
-    def restarts_after(self, outcome: Outcome) -> bool:
-        """Not after a lost pod (PeerLost: a node that vanished without a word): its replacement
-        starts from nothing and cannot find a later generation, so the pods that remain end as
-        before (138) and Kubernetes starts them all again."""
-        return Reasons.PEER_LOST not in (outcome.reason, outcome.extra.get("causeReason"))
-
     def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
         return lifecycle.Awaited(resolve=life.plan.wait.resolve, connect=life.plan.wait.connect)
+
+    def lobby(self, life: lifecycle.Life) -> Place | None:
+        """Node rank 0's, at the store's address, the first port above every generation's store;
+        for a job whose nodes meet through that store (_peers)."""
+        from launcher.core.lobby import Place
+
+        peers = _peers(life.plan, life.node, 0.0, 0)
+        if peers is None:
+            return None
+        port = lifecycle.generation_port(peers["port"], life.max_restarts + 1, "the job's store port")
+        return Place(peers["host"], port, peers["nnodes"], peers["nodeRank"])
 
     def go(self, life: lifecycle.Life) -> None:
         plan, monitor = life.plan, life.watch

@@ -49,7 +49,8 @@ def run_local(
             nproc = str(parse_nproc(nproc_per_node))
         except ValueError as error:
             raise ConfigError("--nproc-per-node", nproc_per_node, str(error)) from None
-        master = port(master_port)
+        # Free too: the port each restart in place moves the store on to, and the lobby above them.
+        master = port(master_port, span=launcher.max_restarts + 2)
         if not rest:
             raise ConfigError(
                 "SCRIPT",

@@ -43,6 +43,7 @@ from launcher.xgboost import tracker as tracker_module
 from launcher.xgboost.stops import SERVE_STEP
 
 if TYPE_CHECKING:
+    from launcher.core.lobby import Place
     from launcher.core.outcome import Outcome
     from launcher.core.settings import LauncherSettings, Override
     from launcher.xgboost.plan import Worker, XGBoostPlan
@@ -358,15 +359,29 @@ class XGBoostPod(lifecycle.Pod):
     # failed on its own posts its outcome and every other adopts it, so all restart or none.
     restarts_in_place = True
 
-    def restarts_after(self, outcome: Outcome) -> bool:
-        """Not after a pod that is gone or never came (PeerLost; RendezvousTimeout, its workers
-        never all joined): a pod that starts again, or late, starts from the first generation, on
-        the first generation's tracker port, and could never join the others' later one. So those
-        end as before (138) and Kubernetes starts every pod again."""
+    def lobby(self, life: lifecycle.Life) -> Place | None:
+        """Pod 0's, at the tracker's address, the first port above every generation's tracker and
+        board; where the launcher runs the tracker."""
+        from launcher.core.lobby import Place
+        from launcher.xgboost.plan import PORTS_PER_GENERATION
+
+        plan = life.plan
+        if plan.tracker_by != "launcher":
+            return None
+        port = lifecycle.generation_port(
+            plan.tracker_port, life.max_restarts + 1, "the tracker's port", step=PORTS_PER_GENERATION
+        )
+        return Place(plan.tracker_host, port, plan.pods, plan.pod_index)
+
+    def restarts_after(self, life: lifecycle.Life, outcome: Outcome) -> bool:
+        """Not after its workers never all joined (RendezvousTimeout): a pod that starts late starts
+        from the first generation, on the first generation's tracker port. A lost pod only where its
+        replacement can rejoin (lifecycle.rejoins). Those end as before (138) and Kubernetes starts
+        every pod again."""
         from launcher.core.outcome import Reasons
 
         reasons = (outcome.reason, outcome.extra.get("causeReason"))
-        return Reasons.PEER_LOST not in reasons and Reasons.RENDEZVOUS_TIMEOUT not in reasons
+        return lifecycle.rejoins(life, outcome) and Reasons.RENDEZVOUS_TIMEOUT not in reasons
 
     def restart(self, life: lifecycle.Life) -> None:
         """Every process of the last generation is gone: plan this one (its tracker and board on

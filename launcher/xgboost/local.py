@@ -46,8 +46,9 @@ def node_env(job: Pods, index: int, per_pod: int, tracker_port: int, base: dict[
 def tracker_port_for(master_port: str | None, restarts: int = 0) -> int:
     """``--master-port``, or a free port with every port the job may use free after it too: pod
     0's stop board listens on the tracker's port + 1 (launcher.xgboost.board), and each of the
-    ``restarts`` in place moves both on by PORTS_PER_GENERATION (launcher.xgboost.plan)."""
-    return port(master_port, span=PORTS_PER_GENERATION * (restarts + 1))
+    ``restarts`` in place moves both on by PORTS_PER_GENERATION (launcher.xgboost.plan), above
+    which pod 0 serves the job's lobby (launcher.core.lobby)."""
+    return port(master_port, span=PORTS_PER_GENERATION * (restarts + 1) + 1)
 
 
 def setup(job: Pods, args: argparse.Namespace, launcher: LauncherSettings):
