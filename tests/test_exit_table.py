@@ -180,6 +180,7 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
 
     from launcher.initializers.errors import CorruptDataError, LocalIOError, PermanentError, TransientError
     from launcher.initializers.lease import LeaseTimeout
+    from launcher.core.lobby import Missing
     from launcher.k8s.inplace import NotPermitted
 
     return [
@@ -192,6 +193,9 @@ def launcher_errors() -> list[tuple[LauncherError, int, bool]]:
         (UnsupportedVersion("torch='2.3.1': expected torch >=2.4,<2.16"), CONFIG_ERROR, False),
         # JobSet in-place restart: the API server refused the service account (no Role bound).
         (NotPermitted("in-place restart: cannot annotate pod p: PATCH /api/v1/...: 403 Forbidden"), CONFIG_ERROR, False),
+        # A restart in place: the lost pod never came back (PeerLost); the first start: a pod never came.
+        (Missing("tj-node-0-1 did not come back to rejoin the job within 300s", "tj-node-0-1", True), TRANSIENT, True),
+        (Missing("tj-node-0-1 never checked in at the job's lobby within 600s", "tj-node-0-1", False), TRANSIENT, True),
         # The initializers' storage errors: the same hierarchy, mapped by type.
         (TransientError("connection reset"), TRANSIENT, True),
         (CorruptDataError("the transport's checksum failed"), TRANSIENT, True),

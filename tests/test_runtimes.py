@@ -19,6 +19,7 @@ import yaml
 import k8s_checks
 from launcher import __version__, cli
 from launcher.core import failure_policy
+from launcher.core.knobs import KNOBS
 from launcher.core.outcome import (
     DEFAULT_RETRYABLE_EXIT_CODES,
     ConfigError,
@@ -413,7 +414,7 @@ def test_only_the_named_container_decides():
 def test_initializers_retry_pods_before_the_jobset_restarts():
     jobs = replicated_jobs(DOCS["torch-distributed-with-initializers.yaml"])
     assert all(jobs[name]["template"]["spec"]["backoffLimit"] > 0 for name in INITIALIZERS)
-    assert jobs["node"]["template"]["spec"]["backoffLimit"] == 0
+    assert jobs["node"]["template"]["spec"]["backoffLimit"] == 1  # one pod replaced, which rejoins the others
 
 
 # --- who retries what: the table in the docs says what Kubernetes does -------------------------
@@ -434,14 +435,17 @@ def test_who_retries_reads_the_policy_as_kubernetes_matches_it():
 
 def test_who_retries_has_a_row_per_way_a_pod_ends_and_the_module_docstring_agrees():
     rows = failure_policy.who_retries()
-    assert [row.ending.split(":")[0].split(" (")[0] for row in rows] == ["0", "permanent", "retryable", "pod disrupted"]
-    permanent, retryable, disrupted = rows[1:]
+    assert [row.ending.split(":")[0].split(" (")[0] for row in rows] == [
+        "0", "permanent", "retryable", "pod disrupted", "another pod lost"]
+    permanent, retryable, disrupted, lost = rows[1:]
     assert "restarts left or not" in permanent.launcher  # a permanent verdict ends at once
     assert failure_policy.MAX_RESTARTS_VARIABLE in retryable.launcher
+    assert KNOBS["rejoin_timeout"].env in lost.launcher and "PeerLost" in lost.launcher  # the others hold
     # The docstring's summary: each class's line names the Job's action and the JobSet's.
     summary = {line.split("(")[0].strip(): line for line in (failure_policy.__doc__ or "").splitlines()
                if line.startswith("    ") and "(" in line}
-    for key, row in (("permanent", permanent), ("retryable", retryable), ("pod disrupted", disrupted)):
+    for key, row in (("permanent", permanent), ("retryable", retryable), ("pod disrupted", disrupted),
+                     ("another pod lost", lost)):
         job_action = row.job.split("`")[1]
         assert f"{job_action}:" in summary[key], key
         if row.jobset.startswith("`"):

@@ -22,7 +22,7 @@ import pytest
 
 UNIT = frozenset({
     "test_accelerate_plan", "test_devices", "test_docs_pages", "test_fuzz_parsers", "test_hang_unit", "test_init_lanes",
-    "test_inplace", "test_install", "test_layers", "test_mpi_plan", "test_outcome", "test_smoke_checks", "test_smoke_skus", "test_torch_plan",
+    "test_inplace", "test_install", "test_layers", "test_lobby", "test_mpi_plan", "test_outcome", "test_smoke_checks", "test_smoke_skus", "test_torch_plan",
 })
 SYSTEM = frozenset({
     "test_images", "test_image_trixie", "test_release", "test_sdk", "test_mpi_framework_images", "test_mpi",

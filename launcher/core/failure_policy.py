@@ -14,11 +14,16 @@ docs/failure-policy.md shows them, and tests prove both agree with it)::
                                     while LAUNCHER_MAX_RESTARTS     once backoffLimit is spent    most maxRestarts
                                     lasts, then exits
     pod disrupted (preempted)       SIGTERM: the ranks' grace, 143  Ignore: pod replaced          -
+    another pod lost (PeerLost)     holds for its replacement,      the lost pod: Ignore: or      -
+                                    which rejoins; 138 after        Count: replaced once
+                                    LAUNCHER_REJOIN_TIMEOUT
 
-A retryable failure fails the Job once its ``backoffLimit`` is spent: at once for trainers and
-mpirun's pods (0: one lost rank of a static rendezvous needs the whole group restarted, which is
-what a JobSet restart does), after a few pod retries for initializers (their downloads resume
-where they stopped, and nothing else runs while they do). ``maxRestarts`` bounds the JobSet
+A retryable failure fails the Job once its ``backoffLimit`` is spent. Trainers' is 1 (mpirun's own pod's 0):
+one pod lost without a disruption (its container killed whole) is replaced inside its Job, and
+the replacement rejoins the others where they restart in place (launcher.core.lobby); when the
+launcher gives up, every pod of a multi-node job exits at once and spends it, so the Job fails and
+the JobSet restarts everything. Initializers' is a few pod retries (their downloads resume where
+they stopped, and nothing else runs while they do). ``maxRestarts`` bounds the JobSet
 restarts; every restart re-runs every Job, initializers included (they find their files done).
 
 The pod's ``terminationGracePeriodSeconds`` is derived from the launcher's grace period (what
@@ -62,8 +67,14 @@ TERMINATION_MARGIN = 5
 # The launcher's in-place restarts (launcher/core/knobs.py, max_restarts), as users set them.
 MAX_RESTARTS_VARIABLE = "LAUNCHER_MAX_RESTARTS"
 
-TRAINER_BACKOFF_LIMIT = 0
+# One pod replaced inside its Job, which rejoins the others; the launcher giving up on every pod
+# of a multi-node job at once spends it.
+TRAINER_BACKOFF_LIMIT = 1
+# How long the pods that remain hold for a lost pod's replacement by default (LAUNCHER_REJOIN_TIMEOUT).
+DEFAULT_REJOIN_TIMEOUT = 300.0
 INITIALIZER_BACKOFF_LIMIT = 3
+# mpirun's own pod: mpirun cannot go on without a host, and starts again in place or with the JobSet.
+MPI_LAUNCHER_BACKOFF_LIMIT = 0
 MAX_RESTARTS = 3
 # JobSet's in-place restart: what its webhook demands of every replicated job, and the strategy.
 IN_PLACE_BACKOFF_LIMIT = 2**31 - 1
@@ -73,6 +84,7 @@ IN_PLACE_RESTART_STRATEGY = "InPlaceRestart"
 # Replicated job -> the container whose exit code decides (Trainer's names).
 INITIALIZER_JOBS = ("dataset-initializer", "model-initializer")
 TRAINER_CONTAINER = "node"
+MPI_LAUNCHER_JOB = "launcher"
 
 # Kubernetes limits for onExitCodes.values.
 _MAX_VALUES = 255
@@ -85,7 +97,9 @@ def container_for(replicated_job: str) -> str:
 
 
 def backoff_limit_for(replicated_job: str) -> int:
-    return INITIALIZER_BACKOFF_LIMIT if replicated_job in INITIALIZER_JOBS else TRAINER_BACKOFF_LIMIT
+    if replicated_job in INITIALIZER_JOBS:
+        return INITIALIZER_BACKOFF_LIMIT
+    return MPI_LAUNCHER_BACKOFF_LIMIT if replicated_job == MPI_LAUNCHER_JOB else TRAINER_BACKOFF_LIMIT
 
 
 def termination_grace_period_seconds(grace_period: float = DEFAULT_GRACE_PERIOD) -> int:
@@ -255,7 +269,8 @@ def who_retries(
             return f"`FailJob`: the Job fails at once (`{reason}`), no pod is replaced"
         trainers, initializers = TRAINER_BACKOFF_LIMIT, INITIALIZER_BACKOFF_LIMIT
         return (
-            f"`Count`: the Job fails (`{reason}`) once `backoffLimit` is spent: trainers' is {trainers}, "
+            f"`Count`: the Job fails (`{reason}`) once `backoffLimit` is spent: trainers' is {trainers} (one "
+            "pod replaced, which rejoins the others; every pod of a multi-node job ending at once spends it), "
             f"initializers' {initializers} (a new pod each time, their downloads resume)"
         )
 
@@ -296,6 +311,16 @@ def who_retries(
             f"SIGTERM: the ranks get the grace ({grace} s) to write a checkpoint (then {terminated}, "
             "`Terminated`, if they were stopped); no restart in place, the pod is going away",
             job(permanent[0], disrupted=True),
-            "- (a replaced trainer cannot rejoin its group: the others end `PeerLost`, 138, the retryable row)",
+            "- (the replacement rejoins the others: next row)",
+        ),
+        Retry(
+            "another pod lost (its node gone, its container killed whole, the pod deleted): "
+            "this pod's ranks end `PeerLost`, 138",
+            f"while restarts are left, stops its ranks and holds for the lost pod's replacement "
+            f"(`LAUNCHER_REJOIN_TIMEOUT`, default {DEFAULT_REJOIN_TIMEOUT:g} s), which finds the generation "
+            "it holds for and joins it (torch, JAX, XGBoost; MPI's next mpirun reaches a new worker); "
+            "without one in time, exits 138 (`PeerLost`)",
+            "the lost pod: `Ignore` when disrupted, else `Count` (the retryable row); the others hold",
+            "- while the replacement rejoins; the retryable row once the others exit",
         ),
     ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from launcher.core.failure_policy import DEFAULT_GRACE_PERIOD, TERMINATION_MARGIN
+from launcher.core.failure_policy import DEFAULT_GRACE_PERIOD, DEFAULT_REJOIN_TIMEOUT, TERMINATION_MARGIN
 
 
 class Override(NamedTuple):
@@ -68,7 +68,7 @@ KNOBS: dict[str, Knob] = {
         "LAUNCHER_REJOIN_TIMEOUT",
         "--rejoin-timeout",
         "with --max-restarts: after a pod is lost, how long the others hold for Kubernetes to replace it "
-        "and rejoin it before they exit 138 (PeerLost); default 300s, 0: exit at once",
+        f"and rejoin it before they exit 138 (PeerLost); default {DEFAULT_REJOIN_TIMEOUT:g}s, 0: exit at once",
     ),
     "log_format": Knob("LAUNCHER_LOG_FORMAT", "--log-format", "the launcher's own log lines: text or json"),
     "keep_nproc": Knob(

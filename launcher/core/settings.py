@@ -241,7 +241,9 @@ class LauncherSettings(Settings):
     retryable_pattern: Annotated[str | None, NoDecode, parsed(parse_regex)] = _knob("retryable_pattern", None)
     log_format: Annotated[str, NoDecode, parsed(parse_choice("text", "json"))] = _knob("log_format", "text")
     max_restarts: Annotated[int, NoDecode, parsed(int_in(0, 10_000, "a count of restarts"))] = _knob("max_restarts", 0)
-    rejoin_timeout: Annotated[float, NoDecode, parsed(parse_duration)] = _knob("rejoin_timeout", 300.0)
+    rejoin_timeout: Annotated[float, NoDecode, parsed(parse_duration)] = _knob(
+        "rejoin_timeout", failure_policy.DEFAULT_REJOIN_TIMEOUT
+    )
     keep_nproc: Annotated[bool, NoDecode, parsed(parse_bool)] = _knob("keep_nproc", False)
     allow_untested_versions: Annotated[bool, NoDecode, parsed(parse_bool)] = _knob("allow_untested_versions", False)
     hang_timeout: Annotated[float, NoDecode, parsed(parse_duration)] = _knob("hang_timeout", 0.0)
