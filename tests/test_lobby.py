@@ -151,3 +151,30 @@ def test_garbage_sent_to_the_lobby_is_dropped_and_it_serves_on():
         assert [check.result() for check in both] == [0, 0]
     finally:
         zero.close()
+
+
+def test_a_replacement_that_comes_while_the_generation_runs_is_told_the_next_one():
+    """The others have not noticed the loss yet: their generation 0 still runs. The new launcher for
+    node rank 1 (an id the lobby has not seen for it) waits for generation 1, which the others
+    start once they lose its predecessor; the one it replaces, asking again, was not lost."""
+    port = free_port()
+    zero, worker = _lobby(port, 0), _lobby(port, 1)
+    try:
+        assert [check.result() for check in (_CheckIn(zero, 0), _CheckIn(worker, 0))] == [0, 0]
+        replacement = _lobby(port, 1)
+        assert _CheckIn(replacement, 0).result() == 1  # not let into the generation that runs
+        waiting = _CheckIn(replacement, 1)
+        assert _CheckIn(zero, 1, restarting=True).result() == 1  # the others restart: all meet at 1
+        assert waiting.result() == 1
+    finally:
+        zero.close()
+
+
+def test_the_same_launcher_asking_again_for_the_generation_that_runs_is_let_through():
+    port = free_port()
+    zero, worker = _lobby(port, 0), _lobby(port, 1)
+    try:
+        assert [check.result() for check in (_CheckIn(zero, 0), _CheckIn(worker, 0))] == [0, 0]
+        assert _CheckIn(worker, 0).result() == 0  # a late look of a pod already in: no new generation
+    finally:
+        zero.close()

@@ -198,19 +198,23 @@ def test_a_lost_pod_without_rejoin_is_not_waited_for_the_pod_that_remains_exits_
     assert "restart " not in survivor.stderr
 
 
-@pytest.mark.parametrize("lost", [1, 0], ids=["worker-pod-lost", "master-pod-lost"])
-def test_a_lost_pod_replaced_rejoins_and_every_pod_finishes_from_the_checkpoint(tmp_path, report_dir, lost):
+@pytest.mark.parametrize("lost, held", [(1, False), (0, False), (0, True)],
+                         ids=["worker-pod-lost", "master-pod-lost", "master-pod-lost-replaced-late"])
+def test_a_lost_pod_replaced_rejoins_and_every_pod_finishes_from_the_checkpoint(tmp_path, report_dir, lost, held):
     """Every process of one pod is SIGKILLed while the job trains (a lost machine); the test then
-    plays the Job controller and starts its replacement, from nothing, with the same environment.
-    The pod that remains stops its ranks and holds; the replacement finds the generation it holds
-    for at the lobby, on pod 0 (a replaced pod 0 serves a new one) and joins it; every rank resumes
-    from the checkpoint and the job ends well. Losing pod 0 loses the job's store and lobby too."""
+    plays the Job controller and starts its replacement, from nothing, with the same environment:
+    at once, before the pod that remains has noticed the loss, or (``held``) once it holds for
+    it. The pod that remains stops its ranks and holds; the replacement finds the generation it
+    holds for at the lobby, on pod 0 (a replaced pod 0 serves a new one) and joins it; every rank
+    resumes from the checkpoint and the job ends well. Losing pod 0 loses the job's store and
+    lobby too."""
     steps = "400"
     port = free_port()
     pods = _pods(tmp_path, report_dir, "launcher", port=port, options=("--rejoin-timeout", "120"), STEPS=steps)
     _lose_pod_when_every_pod_trains(report_dir, pods, lost)
     survivor = pods[lost]  # pods are (node 1, node 0): the other one
-    wait_for(lambda: "restart 1 of 2" in survivor.stderr, 120, "the pod that remains to restart")
+    if held:
+        wait_for(lambda: "restart 1 of 2" in survivor.stderr, 120, "the pod that remains to restart")
     (replacement,) = _pods(tmp_path, report_dir, "launcher", port=port, nodes=(lost,),
                            options=("--rejoin-timeout", "120"), STEPS=steps)
     for pod in (survivor, replacement):

@@ -584,6 +584,11 @@ def _check_in(pod: Pod, life: Life) -> None:
     restarting = life.generation > 0
     deadline = time.monotonic() + (launcher.rejoin_timeout if restarting else launcher.rendezvous_timeout)
     while (agreed := lobby.agree(life.generation, deadline, life.supervisor.sleep, restarting)) > life.generation:
+        if agreed > life.max_restarts:
+            from launcher.core.lobby import Missing
+
+            said = f"the other pods have no restart left (their {life.max_restarts}) to take {life.node} in"
+            raise Missing(said, life.node, True)
         log.warning(
             f"rejoining the job at restart {agreed} of {life.max_restarts}: the other pods restarted in "
             "place without this one (it replaces a lost pod)"

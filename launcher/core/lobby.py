@@ -6,16 +6,19 @@ generation 0, while the pods that remained have moved on to a later one and hold
 lobby, which pod 0's launcher serves for the pod's whole life on a port of its own (the first
 above every generation's ports): it says its node rank and its generation, and hears the job's,
 the highest any pod has said. A pod behind jumps to it; the others wait until every pod is there.
-A replaced pod 0 serves a new lobby, where the pods that remained arrive with the generation they
-hold for, and it jumps to theirs.
+A replacement may come before the others noticed the loss, while the generation it would join
+still runs: the lobby knows it by its launcher's id, new for that node rank, and tells it the next
+generation, which the others start once they lose its predecessor. A replaced pod 0 serves a new
+lobby, where the pods that remained arrive with the generation they hold for, and it jumps there.
 
 One request per connection, one JSON line each way, so that a lobby that went away with its pod
 and came back with the replacement costs a client only a refused connection:
 
-    -> {"rank": 1, "node": "tj-node-0-1", "generation": 2}
+    -> {"rank": 1, "node": "tj-node-0-1", "generation": 2, "pod": "<this launcher's id>"}
     <- {"generation": 2, "missing": {"0": "tj-node-0-0"}}
 
-Stdlib only: it runs in the launcher, before anything heavy is imported.
+The standard library and the table of reasons only: it runs in the launcher, before anything
+heavy is imported.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,17 +71,25 @@ class _Checkins:
         self.generation = 0
         self.at: dict[int, int] = {}  # node rank -> the generation it last checked in for
         self.names: dict[int, str] = {}
+        self.pods: dict[int, str] = {}  # node rank -> the launcher that checked in for it (its own id)
+        self.started = -1  # the last generation every pod checked in for: its processes run
         self._lock = threading.Lock()
 
-    def check_in(self, rank: int, node: str, generation: int) -> dict:
+    def check_in(self, rank: int, node: str, generation: int, pod: str) -> dict:
         with self._lock:
-            self.at[rank], self.names[rank] = generation, node
+            if self.pods.get(rank, pod) != pod and self.started == self.generation:
+                # A new launcher for a rank of the generation that runs: it replaces a lost pod, and
+                # the others, which lose it there, start the next generation, where it joins them.
+                self.generation += 1
+            self.at[rank], self.names[rank], self.pods[rank] = generation, node, pod
             self.generation = max(self.generation, generation)
             missing = {
                 str(r): self.names.get(r, f"node rank {r}")
                 for r in range(self.nnodes)
                 if self.at.get(r) != self.generation
             }
+            if not missing:
+                self.started = self.generation
             return {"generation": self.generation, "missing": missing}
 
 
@@ -86,6 +98,7 @@ class Lobby:
 
     def __init__(self, place: Place, node: str):
         self.place, self.node = place, node
+        self.id = uuid.uuid4().hex  # this launcher's, which a replacement's differs from
         self._checkins = _Checkins(place.nnodes) if place.rank == 0 else None
         self._server: socket.socket | None = None
 
@@ -111,7 +124,8 @@ class Lobby:
             with conn, contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 conn.settimeout(CONNECT_TIMEOUT)
                 asked = json.loads(_read_line(conn))
-                said = checkins.check_in(int(asked["rank"]), str(asked["node"])[:253], int(asked["generation"]))
+                rank, node, generation = int(asked["rank"]), str(asked["node"])[:253], int(asked["generation"])
+                said = checkins.check_in(rank, node, generation, str(asked["pod"])[:64])
                 conn.sendall(json.dumps(said).encode() + b"\n")
 
     def close(self) -> None:
@@ -124,8 +138,8 @@ class Lobby:
     def _ask(self, generation: int) -> dict | None:
         """One check-in; None: the lobby cannot be reached (its pod is gone, or not up yet)."""
         if self._checkins is not None:
-            return self._checkins.check_in(self.place.rank, self.node, generation)
-        asked = {"rank": self.place.rank, "node": self.node, "generation": generation}
+            return self._checkins.check_in(self.place.rank, self.node, generation, self.id)
+        asked = {"rank": self.place.rank, "node": self.node, "generation": generation, "pod": self.id}
         try:
             with socket.create_connection((self.place.host, self.place.port), timeout=CONNECT_TIMEOUT) as conn:
                 conn.sendall(json.dumps(asked).encode() + b"\n")
