@@ -590,16 +590,16 @@ def _check_in(pod: Pod, life: Life) -> None:
             said = f"the other pods have no restart left (their {life.max_restarts}) to take {life.node} in"
             raise Missing(said, life.node, True)
         log.warning(
-            f"rejoining the job at restart {agreed} of {life.max_restarts}: the other pods restarted in "
-            "place without this one (it replaces a lost pod)"
+            f"rejoining the job at restart {agreed} of {life.max_restarts}: this pod replaces a lost one, and "
+            "the other pods start that restart in place with it"
         )
         life.stop_waiting()  # what started ahead for the generation it skips leaves at once
         life.supervisor.run()
         life.generation = agreed
         life.supervisor.next_generation()
-        if life.watch is not None:
-            life.watch.restarted(agreed)
         pod.restart(life)
+    if life.generation and life.watch is not None:
+        life.watch.restarted(life.generation)  # the hold was no start-up: a hang is timed from now
 
 
 def _max_restarts(pod: Pod, life: Life, planned: Planned) -> int:
