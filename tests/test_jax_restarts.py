@@ -5,6 +5,9 @@ On a retryable verdict every pod starts its process again in the same container,
 coordinator a port further on; a permanent verdict ends the job at once; when restarts run out the
 last verdict stands and the termination message keeps how each earlier generation ended. No mocks:
 the only thing not real is the cluster.
+
+The lost-pod tests start each pod as Trainer does (``trainer-launcher jax`` with JAX_*), SIGKILL one
+pod's every process, and play Kubernetes' Job controller: they start its replacement, or not.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from conftest import Job, launcher
+import pytest
+from conftest import Job, free_port, launcher, wait_for
 from test_jax import JAX_PROCESS_TIMEOUT, jax_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,3 +84,75 @@ def test_when_restarts_run_out_the_last_verdict_stands_with_each_earlier_one_in_
         # the second generation's stop record reached process 0: it stopped for process 1, again
     assert job.stderr.count("process 0 stops: process 1 on local-node-0-1 failed first (exit code 138)") == 2
     assert [(g, s) for g, s, _ in steps_done(tmp_path, 0)] == [(0, 0)]  # resumed at step 1, failed there again
+
+
+def _pod(tmp_path: Path, process: int, port: int, rejoin_timeout: int, steps: int) -> Job:
+    """JAX process ``process`` of two, one pod, as Trainer starts it, restarting in place up to
+    twice; a second start of the same process (a replacement pod) writes files of its own."""
+    argv = launcher("jax", "--max-restarts", "2", "--rejoin-timeout", str(rejoin_timeout), "--", sys.executable,
+                    RESUME)
+    env = jax_env(JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(process), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                  HOSTNAME=f"jax-node-0-{process}", CKPT=str(tmp_path / "ckpt.json"), STEPS=str(steps),
+                  STEP_TIME="0.05", REPORT_DIR=str(tmp_path))
+    return Job(argv, env, tmp_path, name=f"pod{process}-{len(list(tmp_path.glob(f'pod{process}-*.out')))}")
+
+
+def _lose_pod_when_both_train(tmp_path: Path, rejoin_timeout: int, steps: int, lost: int) -> tuple[int, Job]:
+    """Two pods; once each process has done (and checkpointed) a step, every process of pod ``lost``
+    is SIGKILLed (a lost machine). The coordinator's port, and the pod that remains."""
+    from test_endings import _kill_pod
+
+    port = free_port(span=4)  # a coordinator's port for each of 3 generations, then the lobby's
+    pods = [_pod(tmp_path, process, port, rejoin_timeout, steps) for process in (0, 1)]
+    wait_for(lambda: all((tmp_path / f"{p}.first-0").exists() for p in (0, 1)), JAX_PROCESS_TIMEOUT,
+             "both processes to train")
+    _kill_pod(pods[lost])
+    return port, pods[1 - lost]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("lost", [1, 0], ids=["worker-pod-lost", "coordinator-pod-lost"])
+def test_a_lost_pod_replaced_rejoins_and_the_job_finishes_from_the_checkpoint(tmp_path, lost):
+    """The pod that remains stops its process and holds for the lost one; the test plays the Job
+    controller and starts the replacement from nothing, with the same environment (port included),
+    which finds at the lobby (process 0's; a replaced process 0 serves a new one) that the job is
+    at restart 1 and joins it there: both resume from the checkpoint on generation 1's coordinator
+    port, and the job ends as a run without a fault."""
+    steps = 200
+    port, survivor = _lose_pod_when_both_train(tmp_path, 120, steps, lost)
+    wait_for(lambda: "restart 1 of 2" in survivor.stderr or survivor.process.poll() is not None,
+             JAX_PROCESS_TIMEOUT, "the pod that remains to restart")
+    assert "restart 1 of 2" in survivor.stderr, survivor.stderr[-4000:]
+    replacement = _pod(tmp_path, lost, port, 120, steps)
+    for pod in (survivor, replacement):
+        assert pod.wait(JAX_PROCESS_TIMEOUT * 2) == 0, pod.stderr[-5000:]
+        assert pod.termination()["exitCode"] == 0, pod.termination()
+    assert "rejoining the job at restart 1 of 2" in replacement.stderr, replacement.stderr[-3000:]
+    restarted = survivor.termination()["restarts"]
+    assert [(r["generation"], r["reason"], r["exitCode"]) for r in restarted] == [(0, "PeerLost", 138)], restarted
+    process_0 = survivor if lost == 1 else replacement
+    assert f"done: {steps} steps, weight {steps}" in process_0.stdout, process_0.stdout[-2000:]  # each step once
+    done = {p: steps_done(tmp_path, p) for p in (0, 1)}
+    resumed = {p: [s for g, s, _ in done[p] if g == 1] for p in (0, 1)}
+    start = resumed[0][0] if resumed[0] else -1
+    for p in (0, 1):
+        # Both resumed at the step after the checkpoint's, in generation 1 (LAUNCHER_RESTART_COUNT),
+        # the replacement too, on generation 1's coordinator, and did the rest of the job.
+        assert start > 0 and resumed[p] == list(range(start, steps)), done[p]
+        assert {c for g, _, c in done[p] if g == 1} == {f"127.0.0.1:{port + 1}"}, done[p]
+        # Before the kill: every step from 0 on, up to the checkpoint's give or take the one the
+        # kill cut short (SIGKILL lands between a step's collective, its record and its checkpoint).
+        first = [s for g, s, _ in done[p] if g == 0]
+        assert first == list(range(len(first))) and abs(len(first) - start) <= 1, done[p]
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_pod_never_replaced_ends_the_other_peer_lost_after_the_rejoin_timeout(tmp_path):
+    _, survivor = _lose_pod_when_both_train(tmp_path, 5, 100000, lost=1)
+    assert survivor.wait(JAX_PROCESS_TIMEOUT) == 138, survivor.stderr[-4000:]
+    assert "restart 1 of 2" in survivor.stderr, survivor.stderr[-3000:]
+    message = survivor.termination()
+    assert (message["reason"], message["rootCause"]["node"], message["retryable"]) == (
+        "PeerLost", "jax-node-0-1", True), message
+    assert "did not come back to rejoin the job within 5s (LAUNCHER_REJOIN_TIMEOUT)" in message["message"], message
+    assert [(r["generation"], r["reason"]) for r in message["restarts"]] == [(0, "PeerLost")], message

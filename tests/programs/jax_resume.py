@@ -9,13 +9,17 @@ FAIL        <ending>@<step>[@<generations>]: process FAIL_ID ends so at that ste
             the launcher's restart count (LAUNCHER_RESTART_COUNT). <ending>: exit:<code> |
             signal:<NAME>
 FAIL_ID     the process that fails (default 1)
+STEP_TIME   seconds each step sleeps (default 0)
 REPORT_DIR  each process appends "<generation> <step> <coordinator>" per step done to
-            <process id>.steps (the coordinator: JAX_COORDINATOR_ADDRESS as the process saw it)
+            <process id>.steps (the coordinator: JAX_COORDINATOR_ADDRESS as the process saw it), and
+            writes <process id>.first-<generation> (atomically, once its first step in that
+            generation is done and checkpointed) so a test can wait for a generation to train
 """
 
 import gc
 import json
 import os
+import time
 
 gc.disable()  # the collector paused over the imports (README.md: CI time)
 import jax
@@ -31,6 +35,7 @@ checkpoint = os.environ.get("CKPT")
 steps = int(os.environ.get("STEPS", "8"))
 report_dir = os.environ.get("REPORT_DIR")
 fail_id = int(os.environ.get("FAIL_ID", "1"))
+step_time = float(os.environ.get("STEP_TIME", "0"))
 
 
 jax.distributed.initialize()
@@ -54,6 +59,12 @@ for step in range(start, steps):
             json.dump({"step": step, "weight": weight}, handle)
         os.replace(checkpoint + ".tmp", checkpoint)
     multihost_utils.sync_global_devices(f"step {step}")  # the checkpoint is down before anyone goes on
+    if report_dir and step == start:  # this generation's first step is done, and checkpointed
+        marker = os.path.join(report_dir, f"{me}.first-{generation}")
+        with open(marker + ".tmp", "w") as handle:
+            handle.write(f"{step}\n")
+        os.replace(marker + ".tmp", marker)
+    time.sleep(step_time)
 # Every step added 1: a resumed job that lost or repeated a step says so.
 if me == 0:
     print(f"done: {steps} steps, weight {weight:g}", flush=True)
