@@ -5,8 +5,10 @@ by hand), a program that checkpoints every round.
 On a retryable verdict every pod starts again in the same container: pod 0 a new tracker and stop
 board two ports further on, every pod new workers told LAUNCHER_RESTART_COUNT; a permanent verdict
 ends the job at once; when restarts run out the last verdict stands and the termination message
-keeps how each earlier generation ended; a lost pod is not restarted in place. No mocks: the only
-thing not real is the cluster.
+keeps how each earlier generation ended; a lost pod's replacement rejoins the others at the
+generation they hold for (pod 0's lobby, LAUNCHER_REJOIN_TIMEOUT), and with --rejoin-timeout 0 the
+pod that remains exits 138 PeerLost at once. No mocks: the only thing not real is the cluster
+(a test that replaces a pod plays Kubernetes' Job controller).
 """
 
 from __future__ import annotations
@@ -129,12 +131,11 @@ def test_without_restarts_a_killed_worker_ends_the_job_as_before(tmp_path, out):
     assert {g for task in (0, 1) for g, _, _ in rounds_done(out, task)} == {0}
 
 
-def test_a_lost_pod_is_not_restarted_in_place_the_pod_that_remains_exits_peer_lost_at_once(tmp_path, out):
-    """Pod 0 SIGKILLed whole (its launcher, tracker and board): its replacement would start from the
-    first generation's tracker port, where a restarted pod 1 would never look, so pod 1 does not
-    restart in place: 138 PeerLost, as without restarts, and Kubernetes starts both again."""
+def test_a_lost_pod_without_rejoin_is_not_waited_for_the_pod_that_remains_exits_peer_lost_at_once(tmp_path, out):
+    """--rejoin-timeout 0: pod 0 SIGKILLed whole (its launcher, tracker and board) and pod 1 does not
+    hold for a replacement: 138 PeerLost, as without restarts, and Kubernetes starts both again."""
     port = free_port(span=6)  # two restarts' trackers and boards, were they to start
-    pods = [Job(launcher("xgboost", "--", "python", TRAIN),
+    pods = [Job(launcher("xgboost", "--rejoin-timeout", "0", "--", "python", TRAIN),
                 pod_env(out, pod, 2, port, BEHAVIOUR="sleep", LAUNCHER_MAX_RESTARTS="2"), tmp_path, f"pod{pod}")
             for pod in (0, 1)]
     wait_for(lambda: len(reports(out)) == 2, timeout=120, what="both workers inside the collective")
@@ -146,14 +147,89 @@ def test_a_lost_pod_is_not_restarted_in_place_the_pod_that_remains_exits_peer_lo
     assert "restart 1 of" not in pods[1].stderr and "restarts" not in message
 
 
-def test_workers_that_never_all_join_are_not_restarted_in_place(tmp_path, out):
-    """Pod 1 of 2 never starts (still pending): were pod 0 to start again on the next tracker port,
-    pod 1, coming late, would look for the first one. So pod 0 ends 138 as without restarts."""
-    port = free_port(span=6)
+# --- a lost pod rejoins ------------------------------------------------------------------------------
+
+REJOIN_ROUNDS = 200  # at ROUND_TIME 0.05: ten seconds of training, for the kill to land in
+
+
+def rejoin_pod(tmp_path: Path, out: Path, pod: int, port: int, rejoin_timeout: str, name: str) -> Job:
+    """Pod ``pod`` of two as Trainer starts it, restarting in place up to twice; a replacement is
+    started the same way, with the same environment and ports."""
+    argv = launcher("xgboost", "--max-restarts", "2", "--rejoin-timeout", rejoin_timeout, "--", "python", RESUME)
+    variables = pod_env(out, pod, 2, port, CKPT=str(tmp_path / "ckpt.ubj"), ROUNDS=str(REJOIN_ROUNDS),
+                        ROUND_TIME="0.05")
+    return Job(argv, variables, tmp_path, name)
+
+
+def lose_pod_when_both_train(tmp_path: Path, out: Path, lost: int, rejoin_timeout: str) -> tuple[int, list[Job]]:
+    """Both pods started; once each worker has done a round of generation 0, every process of pod
+    ``lost`` SIGKILLed (a lost machine). The job's tracker port and its pods, by pod index."""
+    from test_endings import _kill_pod
+
+    port = free_port(span=7)  # two restarts' trackers and boards, and the lobby above them
+    pods = [rejoin_pod(tmp_path, out, pod, port, rejoin_timeout, f"pod{pod}") for pod in (0, 1)]
+    wait_for(lambda: all((out / f"{task}.first-0").exists() for task in (0, 1)), 120, "both workers to train")
+    _kill_pod(pods[lost])
+    return port, pods
+
+
+@pytest.mark.parametrize("lost", [1, 0], ids=["worker-pod-lost", "tracker-pod-lost"])
+def test_a_lost_pod_replaced_rejoins_and_the_job_resumes_from_its_checkpoint(tmp_path, out, lost):
+    """Every process of one pod SIGKILLed while the job trains; the test then plays Kubernetes' Job
+    controller and starts its replacement, from nothing, with the same environment and ports. The
+    pod that remains stops its worker and holds; the replacement finds the generation it holds for at
+    the lobby, on pod 0, and joins it; both workers resume from the checkpoint. Losing pod 0 loses
+    the tracker, the stop board and the lobby too: its replacement serves a new lobby."""
+    port, pods = lose_pod_when_both_train(tmp_path, out, lost, "120")
+    survivor = pods[1 - lost]
+    wait_for(lambda: "restart 1 of 2" in survivor.stderr, 120, "the pod that remains to restart")
+    replacement = rejoin_pod(tmp_path, out, lost, port, "120", f"pod{lost}-replacement")
+
+    for pod in (survivor, replacement):
+        assert pod.wait(TIMEOUT) == 0, pod.stderr[-5000:]
+    assert "rejoining the job at restart 1 of 2" in replacement.stderr, replacement.stderr[-3000:]
+    restarted = survivor.termination()["restarts"]
+    assert [(r["generation"], r["reason"], r["exitCode"]) for r in restarted] == [(0, "PeerLost", 138)], restarted
+    # The program's own record. Generation 1: both workers, the replacement's too, from the round
+    # after the checkpoint to the last. Generation 0: each worker's rounds in order from the first;
+    # together every round the checkpoint held, none skipped, and at most one more: the round in
+    # flight when the pod went, finished by one worker but not yet saved, done again.
+    before, later = ({task: [r for g, r, _ in rounds_done(out, task) if g == generation] for task in (0, 1)}
+                     for generation in (0, 1))
+    resumed = later[0][0] if later[0] else 0
+    assert resumed > 0 and later[0] == later[1] == list(range(resumed, REJOIN_ROUNDS)), later
+    assert all(done == list(range(len(done))) for done in before.values()), before
+    assert max(map(len, before.values())) in (resumed, resumed + 1), (before, resumed)
+    trained = models(out)
+    assert sorted(trained) == [0, 1] and len(set(trained.values())) == 1, "the workers' models differ"
+    assert f"task 0 done: {REJOIN_ROUNDS} rounds" in (pods[0] if lost == 1 else replacement).stdout
+
+
+def test_a_lost_pod_never_replaced_ends_the_other_peer_lost_after_the_rejoin_timeout(tmp_path, out):
+    _, pods = lose_pod_when_both_train(tmp_path, out, 1, "5")
+    survivor = pods[0]
+    assert survivor.wait(180) == 138, survivor.stderr[-4000:]
+    assert "restart 1 of 2" in survivor.stderr, survivor.stderr[-3000:]
+    message = survivor.termination()
+    assert (message["reason"], message["retryable"]) == ("PeerLost", True), message
+    assert "did not come back to rejoin the job within 5s (LAUNCHER_REJOIN_TIMEOUT)" in message["message"], message
+    assert [(r["generation"], r["reason"]) for r in message["restarts"]] == [(0, "PeerLost")], message
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (("--rejoin-timeout", "0"), "did not join the tracker"),
+    ((), "node rank 1 never checked in at the job's lobby"),
+], ids=["at-the-tracker", "at-the-lobby"])
+def test_workers_that_never_all_join_are_not_restarted_in_place(tmp_path, out, flags, said):
+    """Pod 1 of 2 never starts (still pending). Without a lobby (--rejoin-timeout 0) pod 0's tracker
+    waits for the workers: were pod 0 to start again on the next tracker port, pod 1, coming late,
+    would look for the first one. With one (the default) pod 0 waits at the lobby for pod 1 to check
+    in, before its tracker starts. Either way pod 0 ends 138 as without restarts."""
+    port = free_port(span=7)  # two restarts' trackers and boards, and the lobby above them
     # 15 s: the same deadline bounds the tracker's own start (its xgboost import) on a busy machine.
-    job = Job(launcher("xgboost", "--rendezvous-timeout", "15", "--", "python", TRAIN),
+    job = Job(launcher("xgboost", "--rendezvous-timeout", "15", *flags, "--", "python", TRAIN),
               pod_env(out, 0, 2, port, LAUNCHER_MAX_RESTARTS="2"), tmp_path)
     assert job.wait(120) == 138, job.stderr
     message = job.termination()
-    assert message["reason"] == "RendezvousTimeout" and "did not join the tracker" in message["message"], message
+    assert message["reason"] == "RendezvousTimeout" and said in message["message"], message
     assert "restart 1 of" not in job.stderr and "restarts" not in message

@@ -10,12 +10,16 @@ FAIL        <ending>@<round>[@<generations>]: task FAIL_TASK ends so as that rou
             generations (comma-separated; default 0: only the first start), the generation being the
             launcher's restart count (LAUNCHER_RESTART_COUNT). <ending>: exit:<code> | signal:<NAME>
 FAIL_TASK   the task that fails (default 1)
+ROUND_TIME  seconds each round sleeps once done (default 0), so that a test can act while the job trains
 OUT_DIR     each worker appends "<generation> <round> <DMLC_TRACKER_PORT>" per round done to
-            <task>.rounds, and at the end saves its model to model-<task>.ubj
+            <task>.rounds, writes <task>.first-<generation> (atomically, the first round it did in
+            that generation) so a test can wait for a generation to train, and at the end saves
+            its model to model-<task>.ubj
 """
 
 import gc
 import os
+import time
 
 gc.disable()  # the collector paused over the imports (README.md: CI time)
 import numpy as np
@@ -32,6 +36,7 @@ out = os.environ["OUT_DIR"]
 checkpoint = os.environ.get("CKPT")
 rounds = int(os.environ.get("ROUNDS", "6"))
 fail_task = int(os.environ.get("FAIL_TASK", "1"))
+round_time = float(os.environ.get("ROUND_TIME", "0"))
 
 
 def write(path: str, data: bytes) -> None:
@@ -41,6 +46,8 @@ def write(path: str, data: bytes) -> None:
 
 
 class Checkpoint(xgb.callback.TrainingCallback):
+    first = True
+
     def before_iteration(self, model, epoch, evals_log):
         if task == fail_task and FAIL.due(model.num_boosted_rounds(), generation):
             print(f"task {task} ends ({FAIL.ending}) in generation {generation}", flush=True)
@@ -53,8 +60,12 @@ class Checkpoint(xgb.callback.TrainingCallback):
             write(checkpoint, bytes(model.save_raw("ubj")))
         with open(os.path.join(out, f"{task}.rounds"), "a") as log:
             log.write(f"{generation} {done} {os.environ['DMLC_TRACKER_PORT']}\n")
+        if self.first:
+            write(os.path.join(out, f"{task}.first-{generation}"), str(done).encode())
+            self.first = False
         # Nobody begins the next round before the checkpoint of this one is down.
         collective.allreduce(np.zeros(1), collective.Op.SUM)
+        time.sleep(round_time)
         return False
 
 
