@@ -33,14 +33,14 @@ class _CheckIn(threading.Thread):
     def __init__(self, lobby: Lobby, generation: int, timeout: float = 60.0, restarting: bool = False):
         super().__init__(daemon=True)
         self.lobby, self.generation, self.restarting = lobby, generation, restarting
-        self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
         self.agreed: int | None = None
         self.error: Exception | None = None
         self.start()
 
     def run(self) -> None:
         try:
-            self.agreed = self.lobby.agree(self.generation, self.deadline, time.sleep, self.restarting)
+            self.agreed = self.lobby.agree(self.generation, self.timeout, time.sleep, self.restarting)
         except Exception as error:  # noqa: BLE001 - the test reads it
             self.error = error
 

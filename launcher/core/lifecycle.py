@@ -582,8 +582,8 @@ def _check_in(pod: Pod, life: Life) -> None:
     lobby, launcher = life.lobby, life.launcher
     assert lobby is not None
     restarting = life.generation > 0
-    deadline = time.monotonic() + (launcher.rejoin_timeout if restarting else launcher.rendezvous_timeout)
-    while (agreed := lobby.agree(life.generation, deadline, life.supervisor.sleep, restarting)) > life.generation:
+    timeout = launcher.rejoin_timeout if restarting else launcher.rendezvous_timeout
+    while (agreed := lobby.agree(life.generation, timeout, life.supervisor.sleep, restarting)) > life.generation:
         if agreed > life.max_restarts:
             from launcher.core.lobby import Missing
 

@@ -148,21 +148,21 @@ class Lobby:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def agree(self, generation: int, deadline: float, sleep: Callable[[float], None], restarting: bool) -> int:
+    def agree(self, generation: int, timeout: float, sleep: Callable[[float], None], restarting: bool) -> int:
         """Check in for ``generation`` until every pod is at the job's generation: return it
         (later than ``generation`` when this pod was replaced and the others moved on). Waits on
-        ``sleep`` (a signal ends it) until ``deadline`` (monotonic); then :class:`Missing`, as
-        PeerLost when the job was ``restarting`` (a lost pod was not replaced in time)."""
-        waited = time.monotonic()
+        ``sleep`` (a signal ends it) for ``timeout`` seconds; then :class:`Missing`, as PeerLost
+        when the job was ``restarting`` (a lost pod was not replaced in time)."""
+        deadline = time.monotonic() + timeout
         while True:
             said = self._ask(generation)
             if said is not None and (said["generation"] > generation or not said["missing"]):
                 return said["generation"]
             if time.monotonic() >= deadline:
-                raise self._missing(said, restarting, time.monotonic() - waited)
+                raise self._missing(said, restarting, timeout)
             sleep(POLL)
 
-    def _missing(self, said: dict | None, restarting: bool, waited: float) -> Missing:
+    def _missing(self, said: dict | None, restarting: bool, timeout: float) -> Missing:
         """Who never came: pod 0 itself when its lobby could not be reached, else the pods it lacks."""
         if said is None:
             where = f"{self.place.host}:{self.place.port}"
@@ -174,7 +174,7 @@ class Lobby:
             knob, what = "LAUNCHER_REJOIN_TIMEOUT", "did not come back to rejoin the job"
         else:
             knob, what = "LAUNCHER_RENDEZVOUS_TIMEOUT", "never checked in at the job's lobby"
-        return Missing(f"{who} {what} within {waited:.0f}s ({knob})", node, restarting)
+        return Missing(f"{who} {what} within {timeout:g}s ({knob})", node, restarting)
 
 
 def _read_line(conn: socket.socket) -> bytes:
