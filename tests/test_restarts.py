@@ -198,9 +198,11 @@ def test_a_lost_pod_without_rejoin_is_not_waited_for_the_pod_that_remains_exits_
     assert "restart " not in survivor.stderr
 
 
-@pytest.mark.parametrize("lost, held", [(1, False), (0, False), (0, True)],
-                         ids=["worker-pod-lost", "master-pod-lost", "master-pod-lost-replaced-late"])
-def test_a_lost_pod_replaced_rejoins_and_every_pod_finishes_from_the_checkpoint(tmp_path, report_dir, lost, held):
+@pytest.mark.parametrize("lost, held, backend", [(1, False, "static"), (0, False, "static"), (0, True, "static"),
+                                                  (1, False, "c10d")],
+                         ids=["worker-pod-lost", "master-pod-lost", "master-pod-lost-replaced-late", "c10d-pod-lost"])
+def test_a_lost_pod_replaced_rejoins_and_every_pod_finishes_from_the_checkpoint(tmp_path, report_dir, lost, held,
+                                                                                 backend):
     """Every process of one pod is SIGKILLed while the job trains (a lost machine); the test then
     plays the Job controller and starts its replacement, from nothing, with the same environment:
     at once, before the pod that remains has noticed the loss, or (``held``) once it holds for
@@ -210,13 +212,14 @@ def test_a_lost_pod_replaced_rejoins_and_every_pod_finishes_from_the_checkpoint(
     lobby too."""
     steps = "400"
     port = free_port()
-    pods = _pods(tmp_path, report_dir, "launcher", port=port, options=("--rejoin-timeout", "120"), STEPS=steps)
+    options = ("--rejoin-timeout", "120")
+    pods = _pods(tmp_path, report_dir, "launcher", backend, port=port, options=options, STEPS=steps)
     _lose_pod_when_every_pod_trains(report_dir, pods, lost)
     survivor = pods[lost]  # pods are (node 1, node 0): the other one
     if held:
         wait_for(lambda: "restart 1 of 2" in survivor.stderr, 120, "the pod that remains to restart")
-    (replacement,) = _pods(tmp_path, report_dir, "launcher", port=port, nodes=(lost,),
-                           options=("--rejoin-timeout", "120"), STEPS=steps)
+    (replacement,) = _pods(tmp_path, report_dir, "launcher", backend, port=port, nodes=(lost,), options=options,
+                           STEPS=steps)
     for pod in (survivor, replacement):
         assert pod.wait(300) == 0, pod.stderr[-5000:]
         message = pod.termination()
