@@ -20,7 +20,12 @@ Sides, interleaved run by run:
   users reach for; a run that does not finish within CAP (60) seconds counts as not finished;
 - full path: the pods run without restarts (every pod exits 137, as for a JobSet restart), then
   two new pods start from nothing and resume from the checkpoint (no scheduling, image pull or
-  initializers counted: a floor for what Kubernetes does).
+  initializers counted: a floor for what Kubernetes does);
+- pod replaced: `--max-restarts 2` again, but instead of one rank, every process of pod 1 is
+  SIGKILLed once every rank has stepped 5 times (a lost machine), and a new pod 1 starts from
+  nothing at once (Kubernetes' replacement taken as free); it rejoins the restart the pod that
+  remains holds for (the job's lobby, launcher/core/lobby.py). Recovery is the kill -> every
+  rank stepping again.
 
 The ratio printed is recovery in place / the cold start of the same job without restarts (the
 full path's first start): with restarts on, the first start also pays the next generation's agent
@@ -45,8 +50,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(REPO, "tests", "programs", "resume.py")
 PY = sys.executable
 CAP = 60.0  # the job takes about 10 s here: a run past this is hung
-SIDES = ("in-place", "torchrun", "full")
-LABELS = {"in-place": "in place (launcher)", "torchrun": "torchrun c10d --max-restarts", "full": "full path"}
+SIDES = ("in-place", "torchrun", "full", "replaced")
+LABELS = {"in-place": "in place (launcher)", "torchrun": "torchrun c10d --max-restarts", "full": "full path",
+          "replaced": "pod lost and replaced (launcher)"}
+LOST_AT = 5  # the step every rank has reached when pod 1 is lost
 
 
 def free_port() -> int:
@@ -67,7 +74,7 @@ def pod_env(node: int, port: int, workdir: str, reports: str, fail: bool) -> dic
 
 
 def argv(side: str, node: int, port: int) -> list[str]:
-    if side == "in-place":
+    if side in ("in-place", "replaced"):
         return [PY, "-m", "launcher", "torch", "--grace-period", "5", "--", "--max-restarts", "2", PROGRAM]
     if side == "full":
         return [PY, "-m", "launcher", "torch", "--grace-period", "5", "--", PROGRAM]
@@ -75,14 +82,44 @@ def argv(side: str, node: int, port: int) -> list[str]:
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench", "--max-restarts", "2", PROGRAM]
 
 
-def start(side: str, workdir: str, reports: str, port: int, fail: bool) -> list[subprocess.Popen]:
+def start(side: str, workdir: str, reports: str, port: int, fail: bool, nodes=(1, 0)) -> list[subprocess.Popen]:
     os.makedirs(reports, exist_ok=True)
     procs = []
-    for node in (1, 0):
-        with open(os.path.join(reports, f"node{node}.log"), "wb") as log:
+    for node in nodes:
+        with open(os.path.join(reports, f"node{node}-{time.time():.3f}.log"), "wb") as log:
             procs.append(subprocess.Popen(argv(side, node, port), env=pod_env(node, port, workdir, reports, fail),
                                           cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
     return procs
+
+
+def steps_done(reports: str, rank: int) -> int:
+    try:
+        with open(os.path.join(reports, f"{rank}.steps")) as handle:
+            return len(handle.read().split()) // 3
+    except OSError:
+        return 0
+
+
+def lose_and_replace(workdir: str, reports: str, port: int, procs: list[subprocess.Popen], deadline: float) -> float:
+    """Once every rank has done LOST_AT steps, SIGKILL every process of pod 1 (procs[0]) and start its
+    replacement at once; the kill's time (0.0: the job ended first)."""
+    import psutil
+
+    while any(steps_done(reports, rank) < LOST_AT for rank in range(4)):
+        if time.time() > deadline or any(p.poll() is not None for p in procs):
+            return 0.0
+        time.sleep(0.02)
+    pod = psutil.Process(procs[0].pid)
+    everyone = [pod, *pod.children(recursive=True)]
+    lost = time.time()
+    for process in everyone:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    procs[0].wait()
+    procs[0] = start("replaced", workdir, reports, port, fail=False, nodes=(1,))[0]
+    return lost
 
 
 def wait(procs: list[subprocess.Popen], deadline: float) -> list[int | None]:
@@ -107,11 +144,13 @@ def run(side: str, root: str, index: int) -> tuple[float | None, float | None, s
     """(cold start, recovery, what happened) of one run."""
     workdir = os.path.join(root, f"{side}-{index}")
     first = os.path.join(workdir, "first")
-    launched = time.time()
-    codes = wait(start(side, workdir, first, free_port(), fail=True), launched + CAP)
+    launched, port = time.time(), free_port()
+    procs = start(side, workdir, first, port, fail=side != "replaced")
+    faults = [lose_and_replace(workdir, first, port, procs, launched + CAP)] if side == "replaced" else []
+    codes = wait(procs, launched + CAP)
     starts = times(first, "*.first-0")
     cold = max(starts) - launched if len(starts) == 4 else None
-    faults = times(first, "1.fault-0")
+    faults = [f for f in faults if f] or times(first, "1.fault-0")
     if not faults:
         return cold, None, f"no fault (exit codes {codes})"
     if side == "full":
@@ -128,12 +167,12 @@ def run(side: str, root: str, index: int) -> tuple[float | None, float | None, s
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=5, help="runs in place and full-path runs (default 5)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs in place, full-path and pod-replaced runs (default 5)")
     parser.add_argument("--baseline-repeat", type=int, default=10, help="torchrun c10d runs (default 10)")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="bench-restart-")
     results: dict[str, list[tuple[float | None, float | None, str]]] = {side: [] for side in SIDES}
-    counts = {"in-place": args.repeat, "torchrun": args.baseline_repeat, "full": args.repeat}
+    counts = {"in-place": args.repeat, "torchrun": args.baseline_repeat, "full": args.repeat, "replaced": args.repeat}
     for index in range(max(counts.values())):
         for side in SIDES:
             if index < counts[side]:
@@ -163,9 +202,11 @@ def main() -> int:
         plot={"title": "rank 1 killed: seconds until every rank steps again", "unit": "s",
               "bars": [[LABELS[side], recoveries[side]] for side in SIDES if recoveries[side] is not None]
               + ([["cold start", colds["full"]]] if colds["full"] is not None else [])})
-    ours, cold = recoveries["in-place"], colds["full"]
+    ours, cold, replaced = recoveries["in-place"], colds["full"], recoveries["replaced"]
     if ours and cold:
         say(f"\nratio recovery in place / cold start without restarts: {ours / cold:.2f}")
+    if replaced and recoveries["full"]:
+        say(f"ratio recovery of a replaced pod / the full path's: {replaced / recoveries['full']:.2f}")
     say(f"(logs in {root})")
     return 0
 

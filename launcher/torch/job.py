@@ -120,8 +120,8 @@ class TorchPod(lifecycle.Pod):
 
     def _spawn_agent(self, life: lifecycle.Life, generation: int, ahead: dict | None = None) -> _Agent:
         """Generation ``generation``'s agent (launcher.torch.agent), with its control and status
-        pipes. ``ahead``: it stands by for a restart, and starts its ranks ahead, as this says
-        (launcher.torch.ahead)."""
+        pipes; a later generation's stands by for a restart. ``ahead``: it starts its ranks ahead,
+        as this says (launcher.torch.ahead)."""
         options = []
         if ahead is not None:
             options = ["--ranks-ahead", life.path(f"ahead-{generation}.json")]
@@ -147,7 +147,7 @@ class TorchPod(lifecycle.Pod):
                 *options,
             ],
             pipes=(control, agent.status),
-            standby=ahead is not None,
+            standby=generation > life.generation,  # the next generation's: not this one's child yet
         )
         return agent
 
@@ -164,7 +164,9 @@ class TorchPod(lifecycle.Pod):
 
     def restart(self, life: lifecycle.Life) -> None:
         """The plan of this generation (its store on ports of its own), and its agent: the one that
-        stood by since the last generation started, unless it is gone."""
+        stood by since the last generation started, unless it is gone (or this pod replaces a lost
+        one and joins the others' generation): then one with its ranks started ahead, which import
+        torch while the pods agree."""
         plan, _ = make_plan(self.rest, launcher=life.launcher, generation=life.generation)
         if life.planned is not None:
             life.planned = replace(life.planned, plan=plan)
@@ -172,8 +174,17 @@ class TorchPod(lifecycle.Pod):
         if standby is None or standby.child.returncode is not None:
             if standby is not None:
                 standby.close()
-            standby = self._spawn_agent(life, life.generation)
+            standby = self._spawn_agent(life, life.generation, self._ahead(life, plan, life.generation))
         self._use(standby)
+
+    def _rank_env(self, life: lifecycle.Life, plan: TorchPlan) -> dict[str, str]:
+        """What every rank gets beside torchrun's own variables (the restart count aside)."""
+        return {**plan.env_set, **self.extra_env, **life.watched, **rank_end.rank_env(life.watched)}
+
+    def _ahead(self, life: lifecycle.Life, plan: TorchPlan, generation: int) -> dict:
+        """How generation ``generation``'s ranks start ahead (launcher.torch.ahead)."""
+        env = {**self._rank_env(life, plan), **lifecycle.restart_env(generation)}
+        return {"nproc": plan.nproc_per_node, "env": env, "unset": list(plan.env_unset)}
 
     def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
         return lifecycle.Awaited(resolve=life.plan.wait.resolve, connect=life.plan.wait.connect)
@@ -197,12 +208,11 @@ class TorchPod(lifecycle.Pod):
             peers["dumpRequest"] = life.path(f"dump-stacks-{life.generation}")
             monitor.take_stacks = functools.partial(_stacks_of_every_node, peers["dumpRequest"], life.supervisor)
         entry = {"entry": self.entry} if self.entry else {}
-        env = {**plan.env_set, **self.extra_env, **life.watched, **rank_end.rank_env(life.watched)}
         self.current.control.send(
             {
                 "args": self.agent_args(plan),
                 **entry,
-                "env": {**env, **lifecycle.restart_env(life.generation)},
+                "env": {**self._rank_env(life, plan), **lifecycle.restart_env(life.generation)},
                 "unset": list(plan.env_unset),
                 "grace": life.launcher.grace_period,
                 "peers": peers,
@@ -212,8 +222,7 @@ class TorchPod(lifecycle.Pod):
             # The next generation's agent and ranks import torch while this one trains: a restart
             # pays neither the interpreters' start nor the import.
             after = life.generation + 1
-            ahead = {"nproc": plan.nproc_per_node, "env": {**env, **lifecycle.restart_env(after)}}
-            self.standby = self._spawn_agent(life, after, {**ahead, "unset": list(plan.env_unset)})
+            self.standby = self._spawn_agent(life, after, self._ahead(life, plan, after))
 
     def agent_args(self, plan: TorchPlan) -> list[str]:
         return [*plan.torchrun_args, *plan.program]
