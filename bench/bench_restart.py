@@ -52,7 +52,7 @@ PY = sys.executable
 CAP = 60.0  # the job takes about 10 s here: a run past this is hung
 SIDES = ("in-place", "torchrun", "full", "replaced")
 LABELS = {"in-place": "in place (launcher)", "torchrun": "torchrun c10d --max-restarts", "full": "full path",
-          "replaced": "pod lost and replaced (launcher)"}
+          "replaced": "pod replaced (launcher)"}
 LOST_AT = 5  # the step every rank has reached when pod 1 is lost
 
 
@@ -199,7 +199,7 @@ def main() -> int:
          "recovery / cold start without restarts"],
         rows, range(1, 5), record_as="restart",
         title="Two pods x two gloo ranks, rank 1 SIGKILLed at step 5: recovery against a cold start",
-        plot={"title": "rank 1 killed: seconds until every rank steps again", "unit": "s",
+        plot={"title": "rank 1 killed, or pod 1 lost: seconds until every rank steps again", "unit": "s",
               "bars": [[LABELS[side], recoveries[side]] for side in SIDES if recoveries[side] is not None]
               + ([["cold start", colds["full"]]] if colds["full"] is not None else [])})
     ours, cold, replaced = recoveries["in-place"], colds["full"], recoveries["replaced"]
