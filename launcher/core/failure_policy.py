@@ -318,8 +318,8 @@ def who_retries(
             "this pod's ranks end `PeerLost`, 138",
             f"while restarts are left, stops its ranks and holds for the lost pod's replacement "
             f"(`LAUNCHER_REJOIN_TIMEOUT`, default {DEFAULT_REJOIN_TIMEOUT:g} s), which finds the generation "
-            "it holds for and joins it (torch, JAX, XGBoost; MPI's next mpirun reaches a new worker); "
-            "without one in time, exits 138 (`PeerLost`)",
+            "it holds for and joins it (where the framework has the job's lobby; mpirun's next start "
+            "reaches a new worker); without one in time, exits 138 (`PeerLost`)",
             "the lost pod: `Ignore` when disrupted, else `Count` (the retryable row); the others hold",
             "- while the replacement rejoins; the retryable row once the others exit",
         ),
