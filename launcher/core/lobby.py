@@ -34,7 +34,10 @@ from dataclasses import dataclass
 
 from launcher.core.outcome import LauncherError, Outcome, Reasons, RootCause
 
-POLL = 0.2  # seconds between two check-ins of a pod that waits
+# Seconds between two check-ins of a pod that waits: the first soon, then slower, so that pod 0's
+# one thread answers a few hundred pods at most once a second each.
+POLL = 0.2
+POLL_CAP = 1.0
 CONNECT_TIMEOUT = 2.0
 LINE_LIMIT = 4096
 
@@ -153,14 +156,15 @@ class Lobby:
         (later than ``generation`` when this pod was replaced and the others moved on). Waits on
         ``sleep`` (a signal ends it) for ``timeout`` seconds; then :class:`Missing`, as PeerLost
         when the job was ``restarting`` (a lost pod was not replaced in time)."""
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, POLL
         while True:
             said = self._ask(generation)
             if said is not None and (said["generation"] > generation or not said["missing"]):
                 return said["generation"]
             if time.monotonic() >= deadline:
                 raise self._missing(said, restarting, timeout)
-            sleep(POLL)
+            sleep(pause)
+            pause = min(pause * 1.5, POLL_CAP)
 
     def _missing(self, said: dict | None, restarting: bool, timeout: float) -> Missing:
         """Who never came: pod 0 itself when its lobby could not be reached, else the pods it lacks."""
