@@ -329,6 +329,12 @@ def generation_port(port: int, generation: int, name: str, given: str | None = N
     return port + generation * step
 
 
+def lobby_port(port: int, max_restarts: int, name: str, step: int = 1) -> int:
+    """The job's lobby's port (launcher.core.lobby): the first above every generation's, which
+    start at ``port``, ``step`` apart (``name``: the setting that gave ``port``)."""
+    return generation_port(port, max_restarts + 1, name, step=step)
+
+
 class Pod:
     """A framework's part of the pod's life. Only :meth:`plan` and :meth:`judge` must be given."""
 

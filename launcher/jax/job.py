@@ -112,7 +112,7 @@ class JaxPod(lifecycle.Pod):
         if plan.coordinator is None:
             return None
         host, port = plan.coordinator
-        port = lifecycle.generation_port(port, life.max_restarts + 1, "the coordinator's port")
+        port = lifecycle.lobby_port(port, life.max_restarts, "the coordinator's port")
         return Place(host, port, plan.num_processes, plan.process_id)
 
     def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:

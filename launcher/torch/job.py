@@ -197,7 +197,7 @@ class TorchPod(lifecycle.Pod):
         peers = _peers(life.plan, life.node, 0.0, 0)
         if peers is None:
             return None
-        port = lifecycle.generation_port(peers["port"], life.max_restarts + 1, "the job's store port")
+        port = lifecycle.lobby_port(peers["port"], life.max_restarts, "the job's store port")
         return Place(peers["host"], port, peers["nnodes"], peers["nodeRank"])
 
     def go(self, life: lifecycle.Life) -> None:

@@ -368,9 +368,7 @@ class XGBoostPod(lifecycle.Pod):
         plan = life.plan
         if plan.tracker_by != "launcher":
             return None
-        port = lifecycle.generation_port(
-            plan.tracker_port, life.max_restarts + 1, "the tracker's port", step=PORTS_PER_GENERATION
-        )
+        port = lifecycle.lobby_port(plan.tracker_port, life.max_restarts, "the tracker's port", PORTS_PER_GENERATION)
         return Place(plan.tracker_host, port, plan.pods, plan.pod_index)
 
     def restarts_after(self, life: lifecycle.Life, outcome: Outcome) -> bool:
