@@ -150,12 +150,9 @@ def resumable(mpi, tmp_path, shared_dir, restarts: int, fail: str, nnodes: int =
 
 @needs_cluster
 def test_a_killed_rank_starts_mpirun_again_in_place_and_the_job_resumes_from_its_checkpoint(mpi, tmp_path, shared_dir):
-    # Hydra (MPICH) says of a rank SIGKILL ended only "EXIT CODE: 9", which the launcher does not
-    # tell from exit(9): judged permanent there. Its rank exits with a retryable code of its own.
     # One worker: across pods, Open MPI 5's other ranks may abort first on the lost socket, and
     # mpirun then names their abort, not the kill (docs/frameworks/mpi.md).
-    ending = "exit:138" if mpi["name"] == "mpich" else "signal:SIGKILL"
-    job = resumable(mpi, tmp_path, shared_dir, 2, f"{ending}@2", nnodes=1)
+    job = resumable(mpi, tmp_path, shared_dir, 2, "signal:SIGKILL@2", nnodes=1)
     assert job.wait(240) == 0, job.stderr
     # Both ranks, on the worker's pod, did steps 0-1, then (told LAUNCHER_RESTART_COUNT=1 through
     # mpirun's exported environment) steps 2-7 from the checkpoint: none lost, none repeated.

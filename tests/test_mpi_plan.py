@@ -687,6 +687,8 @@ HYDRA_BANNER = [
     "=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES",
     "===================================================================================",
 ]
+# A rank SIGKILL ended: the banner's exit code is the signal's number, and this line says so.
+HYDRA_KILLED = [*HYDRA_BANNER, "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)"]
 OMPI5_EXITED = [
     "prterun detected that one or more processes exited with non-zero status,",
     "thus causing the job to be terminated. The first process to do so was:",
@@ -712,6 +714,7 @@ ROOT_CAUSE_CASES = [
     pytest.param(HYDRA_BANNER, None, "tj-node-0-1.tj", id="hydra-bad-termination"),
     pytest.param(HYDRA_ABORT + HYDRA_BANNER, 1, "tj-node-0-1.tj", id="hydra-abort-and-banner"),
     pytest.param(OMPI_SIGNAL, 0, "tj-node-0-2", id="openmpi-signal"),
+    pytest.param(HYDRA_KILLED, None, "tj-node-0-1.tj", id="hydra-signal"),
     pytest.param(NOISE + OMPI5_EXITED, 3, None, id="openmpi5-first-nonzero-exit"),
     pytest.param(OMPI4_EXITED, 12, None, id="openmpi4-first-nonzero-exit"),
 ]
@@ -730,7 +733,7 @@ def test_root_cause_from_output(lines, rank, node):
     after = _root_cause_from_output(child_with(lines), before)
     assert after.rank == rank
     assert after.node == node
-    if lines is OMPI_SIGNAL:  # the rank a signal ended: judged by its signal (launcher/core/judge.py)
+    if lines in (OMPI_SIGNAL, HYDRA_KILLED):  # the rank a signal ended: judged by its signal (launcher/core/judge.py)
         assert (after.signal, after.exit_code) == ("SIGKILL", None)
     else:
         assert after.exit_code == 3  # what supervise knew is kept

@@ -51,6 +51,9 @@ _SIGNALED = (
     re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) exited on\s+signal (?P<sig>\d+)"),
     # Intel MPI's own handler in the rank: "python:123 terminated with signal 11 at PC=...".
     re.compile(r"\S+:\d+ terminated with signal (?P<sig>\d+) at PC="),
+    # MPICH's hydra, below its banner's "EXIT CODE: 9" (the signal's number, which exits 9 too):
+    # "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)". An exit(9) has no such line.
+    re.compile(r"TERMINATED WITH THE EXIT STRING: .*\(signal (?P<sig>\d+)\)"),
 )
 _FAILED_HOST = (
     re.compile(r"rank \d+ with PID \d+ on node (\S+)"),  # Open MPI 5
