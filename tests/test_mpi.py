@@ -150,21 +150,33 @@ def resumable(mpi, tmp_path, shared_dir, restarts: int, fail: str, nnodes: int =
 
 @needs_cluster
 def test_a_killed_rank_starts_mpirun_again_in_place_and_the_job_resumes_from_its_checkpoint(mpi, tmp_path, shared_dir):
-    # One worker: across pods, Open MPI 5's other ranks may abort first on the lost socket, and
-    # mpirun then names their abort, not the kill (docs/frameworks/mpi.md).
-    job = resumable(mpi, tmp_path, shared_dir, 2, "signal:SIGKILL@2", nnodes=1)
+    # Rank 1 (the first worker pod's second) is SIGKILLed, as the OOM killer does. Across pods, the
+    # MPIs' own words for it race their teardown (MPICH's mpiexec exited 255 on its other proxy's
+    # error, Open MPI 5 named a peer's abort on the lost socket, 14): its watcher's report names it.
+    job = resumable(mpi, tmp_path, shared_dir, 2, "signal:SIGKILL@2")
     assert job.wait(240) == 0, job.stderr
-    # Both ranks, on the worker's pod, did steps 0-1, then (told LAUNCHER_RESTART_COUNT=1 through
-    # mpirun's exported environment) steps 2-7 from the checkpoint: none lost, none repeated.
-    assert steps_done(shared_dir) == {rank: [(0, 0), (0, 1)] + [(1, s) for s in range(2, 8)] for rank in range(2)}
+    # Every rank, on both workers' pods, did steps 0-1, then (told LAUNCHER_RESTART_COUNT=1
+    # through mpirun's exported environment) steps 2-7 from the checkpoint: none lost, none repeated.
+    assert steps_done(shared_dir) == {rank: [(0, 0), (0, 1)] + [(1, s) for s in range(2, 8)] for rank in range(4)}
     assert "done: 8 steps, weight 8" in job.stdout, job.stdout
     restarts = [line for line in job.stderr.splitlines() if "restart 1 of 2: the job failed retryably" in line]
     assert len(restarts) == 1 and restarts[0].startswith("[local-launcher-0-0] "), job.stderr
+    assert "(Killed, exit 137, rank 1 on local-node-0-0)" in restarts[0], restarts
     assert "restart 2 of 2" not in job.stderr
     # The worker was not restarted: its sshd served both starts, and stopped once, at the end.
     said = [line for line in job.stderr.splitlines() if line.startswith("[local-node-0-0] ")]
     assert not [line for line in said if "restart" in line], job.stderr
     assert [line for line in said if "the MPI job's outcome is the launcher pod's" in line] == [said[-1]], job.stderr
+
+
+@needs_cluster
+def test_a_rank_a_segfault_ends_across_pods_is_139_crashed_and_never_restarted(mpi, tmp_path, shared_dir):
+    job = resumable(mpi, tmp_path, shared_dir, 2, "signal:SIGSEGV@2")
+    assert job.wait(180) == 139, job.stderr
+    message = job.termination()
+    assert (message["reason"], message["retryable"]) == ("Crashed", False), message
+    assert message["rootCause"]["node"].split(".")[0] == "local-node-0-0", message
+    assert "restarts" not in message and "restart 1 of 2" not in job.stderr
 
 
 @needs_cluster

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import threading
 
 import pytest
 
-from conftest import REPO, clean_env
+from conftest import REPO, clean_env, wait_for
 from launcher.mpi import rank
 from launcher.mpi.reports import RankReports, facing_address
 from launcher.runner.report import Report
@@ -81,6 +82,54 @@ def test_an_mpi4py_out_of_range_is_reported_as_refused_before_the_program_runs(t
 def test_nothing_is_reported_for_success_or_an_interrupt(tmp_path, reports, body):
     run_rank(tmp_path, reports, body, PMI_RANK="0")
     assert reports.received == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSEGV], ids=["SIGKILL", "SIGSEGV"])
+def test_a_signal_that_ends_the_program_is_reported_by_its_watcher_which_ends_the_same_way(tmp_path, reports, signum):
+    """The OOM killer's SIGKILL, a segfault: the program cannot say so itself; the process mpirun
+    started (the watcher) reports the signal, then ends by it, as mpirun saw before."""
+    body = f"import os\nos.kill(os.getpid(), {int(signum)})\n"
+    result = run_rank(tmp_path, reports, body, PMI_RANK="1", MPI_LOCALRANKID="1")
+    assert result.returncode == -signum, result.stderr
+    assert reports.received == [Report(ending="failed", rank=1, local_rank=1, node=socket.gethostname(),
+                                       signal=signum.name)]
+
+
+def test_a_sigterm_from_outside_is_passed_on_to_the_program_and_not_reported(tmp_path, reports):
+    """mpirun stopping its ranks (another rank's failure, the pod's SIGTERM) signals the process it
+    started: the program gets it, and ends by it; a teardown, not the rank's own failure."""
+    ready = tmp_path / "ready"
+    body = ("import os, signal, time\n"
+            "signal.signal(signal.SIGTERM, lambda *_: (print('got SIGTERM', flush=True), os._exit(7)))\n"
+            f"open({str(ready)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+            f"os.replace({str(ready)!r} + '.tmp', {str(ready)!r})\n"
+            "time.sleep(120)\n")
+    program = tmp_path / "train.py"
+    program.write_text(body)
+    watcher = subprocess.Popen([sys.executable, "-m", "launcher.mpi.rank", str(program)],
+                               env=clean_env(**reports.env, PMI_RANK="0"), cwd=tmp_path, stdout=subprocess.PIPE,
+                               text=True)
+    wait_for(ready.exists, 60, "the program to start")
+    assert int(ready.read_text()) != watcher.pid  # the program runs in the watcher's child
+    watcher.send_signal(signal.SIGTERM)
+    out, _ = watcher.communicate(timeout=60)
+    assert (watcher.returncode, out) == (7, "got SIGTERM\n")
+    watcher = subprocess.Popen([sys.executable, "-m", "launcher.mpi.rank", str(program)],
+                               env=clean_env(**reports.env, PMI_RANK="0"), cwd=tmp_path)
+    ready.unlink()
+    wait_for(ready.exists, 60, "the program to start again")
+    watcher.send_signal(signal.SIGKILL)  # mpirun's last word: the program dies with its watcher
+    watcher.wait(60)
+    wait_for(lambda: not _alive(int(ready.read_text())), 60, "the program to die with its watcher")
+    assert reports.received == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_without_a_listener_the_rank_still_fails_at_once(tmp_path):

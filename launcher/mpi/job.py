@@ -301,6 +301,8 @@ def root_cause(plan: MpiPlan, child: Child, cause: RootCause, received: list[Rep
         first = received[0]
         silent = said.rank is not None and said.rank not in {report.rank for report in received}
         if not (silent and PEER_LOSS_PATTERN.search(first.error or "")):
+            if first.signal:  # its watcher saw the signal that ended it (launcher/mpi/watch.py)
+                cause = replace(cause, exit_code=None, signal=first.signal)
             return replace(
                 cause,
                 rank=first.rank,

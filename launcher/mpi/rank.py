@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 
+from launcher.mpi import watch
 from launcher.runner import program
 from launcher.runner import report as records
 
@@ -45,7 +46,9 @@ def _first_int(names: tuple[str, ...]) -> int | None:
     return None
 
 
-def report(status: int, error: str | None, target: str | None = None, ending: str = "failed", **fields: str) -> bool:
+def report(
+    status: int | None, error: str | None, target: str | None = None, ending: str = "failed", **fields: str
+) -> bool:
     """Send this rank's report (``ending``, its exit ``status``, ``error``, and ``fields`` such as
     a refusal's ``reason``) to the launcher; True once the launcher has it."""
     target = os.environ.get(REPORT_ENV, "") if target is None else target
@@ -145,6 +148,8 @@ def main() -> None:
     except ValueError as usage:
         print(f"trainer-launcher: error: {usage}", file=sys.stderr, flush=True)
         sys.exit(2)
+    if os.environ.get(REPORT_ENV):  # a launcher to tell of a signal that ends the rank
+        watch.split(lambda name: report(None, None, signal=name))
     program.set_sys_path(kind, target, os.getcwd())  # python -m put the working directory there
     ending = program.run_program(kind, target, args)
     if ending.status and not ending.interrupted:  # interrupted: the MPI tearing the job down for another's failure

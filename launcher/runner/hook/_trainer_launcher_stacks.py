@@ -18,6 +18,9 @@ _BOARD_ENV = "TRAINER_LAUNCHER_STACKS_BOARD"
 # compile workers) see their parent's pid there and stay out, so each rank has one dump file.
 _OWNER_ENV = "LAUNCHER_STACKS_OWNER"
 _SIGNAL_OFFSET = 5  # SIGRTMIN + 5: clear of the first few real-time signals that libraries take
+# What register() set up in this process, for withdraw(): "dump" (the file and its signal) or
+# "board" (the answering thread and its state).
+_registered = {}  # type: dict
 
 
 def _start_time():
@@ -69,7 +72,31 @@ def register():
         thread.daemon = True
         thread.start()
         atexit.register(_stop_answering, thread, state, socket)
+        _registered["board"] = (thread, state, socket)
     os.environ[_OWNER_ENV] = str(pid)
+
+
+def withdraw():
+    """Undo register() in this process, which will not run the program after all: a rank's
+    watcher forks, and its child, which runs the program, registers anew (the owner variable
+    cleared). Its dump file is removed, its board connection closed, before the fork: no thread
+    is left running across it. Never raises."""
+    try:
+        if "dump" in _registered:
+            import faulthandler
+
+            dump, signum = _registered.pop("dump")
+            faulthandler.unregister(signum)
+            os.remove(dump.name)
+            dump.close()
+        if "board" in _registered:
+            thread, state, socket = _registered.pop("board")
+            _stop_answering(thread, state, socket)
+            if state.get("connection") is not None:
+                state["connection"].close()
+    except Exception:  # noqa: BLE001 - no stacks for this process is better than a failing rank
+        pass
+    os.environ.pop(_OWNER_ENV, None)
 
 
 def _register_signal(directory, fields):
@@ -85,6 +112,7 @@ def _register_signal(directory, fields):
     dump.write("# trainer-launcher stacks " + " ".join(f"{key}={value}" for key, value in fields.items()) + "\n")
     dump.flush()
     faulthandler.register(signum, file=dump, all_threads=True, chain=False)
+    _registered["dump"] = (dump, signum)
 
 
 def _stop_answering(thread, state, socket):
