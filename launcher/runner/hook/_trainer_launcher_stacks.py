@@ -80,7 +80,10 @@ def withdraw():
     """Undo register() in this process, which will not run the program after all: a rank's
     watcher forks, and its child, which runs the program, registers anew (the owner variable
     cleared). Its dump file is removed, its board connection closed, before the fork: no thread
-    is left running across it. Never raises."""
+    is left running across it. Never raises. Nothing to undo where it did not register (a
+    process of a registered one's, which stays out, and its children with it)."""
+    if not _registered:
+        return
     try:
         if "dump" in _registered:
             import faulthandler
