@@ -194,6 +194,16 @@ def test_two_pods_with_one_process_id_are_named_as_such(tmp_path):
     assert sorted(codes) == [2, 138, 138], messages  # the others could not complete the group in time
 
 
+def test_in_a_kubernetes_pod_jax_takes_the_launchers_values_and_never_asks_the_api_server(tmp_path):
+    """Every pod has KUBERNETES_SERVICE_HOST; with the ``kubernetes`` package installed (jax[k8s],
+    the Kubeflow SDK: this test environment has it), jax's own cluster detection read the service
+    account token and asked the API server about the pod, though the launcher passed every value:
+    without the token it failed (RendezvousFailed, retried for ever), without RBAC it got a 403.
+    Here the API server's address answers nothing and there is no token."""
+    jobs = pods(tmp_path, [0, 1], WORLD, KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(free_port()))
+    assert wait_all(jobs) == [0, 0], [job.stderr[-2000:] for job in jobs]
+
+
 # --- how the program is run ------------------------------------------------------------------------
 
 def test_python_dash_c_runs_through_the_runner_with_its_arguments(tmp_path):

@@ -243,3 +243,22 @@ def test_a_program_with_no_collective_code_of_its_own_is_distributed(tmp_path, o
               pod_env(out, 0, 3, port, LAUNCHER_XGBOOST_WORKERS_PER_POD="3"), tmp_path)
     assert job.wait(120) == 0, job.stderr
     assert sorted(p.read_text() for p in out.glob("sum-*")) == ["6.0"] * 3
+
+
+def test_a_workers_python_without_xgboost_is_one_line_and_exit_2(tmp_path, out):
+    """Pod 1's image has no xgboost in the program's python: the image's fault, not the launcher's
+    (it was a launcher bug, exit 70): one line naming that python, a permanent exit, no traceback.
+    (On pod 0 the tracker, in the same python, fails first: exit 1 naming the tracker.)"""
+    import subprocess
+
+    bare = tmp_path / "bare"  # an interpreter with nothing installed
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    port = free_port()
+    pods = [Job(launcher("xgboost", "--", python, TRAIN), pod_env(out, pod, 2, port), tmp_path, f"pod{pod}")
+            for pod, python in ((0, "python"), (1, str(bare / "bin" / "python")))]
+    assert pods[1].wait(120) == 2, pods[1].stderr
+    message = pods[1].termination()
+    assert (message["reason"], message["retryable"]) == ("ConfigError", False), message
+    assert f"{bare / 'bin' / 'python'} cannot import xgboost: ModuleNotFoundError" in message["message"], message
+    assert "Traceback" not in pods[1].stderr, pods[1].stderr
+    pods[0].wait(120)

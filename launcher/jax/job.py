@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from launcher import status
+from launcher import k8s, status
 from launcher.core import judge, lifecycle, memory, python_argv
 from launcher.core.supervisor import Child, Supervisor
 from launcher.export.step import Export
@@ -50,7 +50,9 @@ def _early_command(jax_overrides: dict[str, Override], rest: list[str]) -> pytho
 
 
 def run_jax(launcher_overrides: dict[str, Override], jax_overrides: dict[str, Override], rest: list[str]) -> int:
-    return lifecycle.live(JaxPod(jax_overrides, rest), launcher_overrides, status.start_watch, Export())
+    return lifecycle.live(
+        JaxPod(jax_overrides, rest), launcher_overrides, status.start_watch, Export(), k8s.in_place_restart
+    )
 
 
 class JaxPod(lifecycle.Pod):

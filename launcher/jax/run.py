@@ -233,6 +233,10 @@ class Session:
                 num_processes=config.num_processes,
                 process_id=config.process_id,
                 initialization_timeout=config.init_timeout,
+                # Every value is given: no cluster detection. Its Kubernetes one (any pod, with the
+                # kubernetes package installed) reads the service account token and asks the API
+                # server about the pod, which fails without the token or RBAC.
+                cluster_detection_method="deactivate",
             )
         except Exception as error:  # noqa: BLE001 - JAX raises its own runtime error types
             text = program.describe(error)

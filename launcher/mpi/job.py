@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import replace
 
-from launcher import status
+from launcher import k8s, status
 from launcher.core import judge, lifecycle, log, settings, versions
 from launcher.core.exec_job import CommandPod, node_name
 from launcher.core.outcome import (
@@ -125,7 +125,9 @@ def make_plan(
 
 
 def run_mpi(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override], rest: list[str]) -> int:
-    return lifecycle.live(MpiPod(mpi_overrides, rest), launcher_overrides, status.start_watch, Export())
+    return lifecycle.live(
+        MpiPod(mpi_overrides, rest), launcher_overrides, status.start_watch, Export(), k8s.in_place_restart
+    )
 
 
 class MpiPod(CommandPod):
@@ -348,7 +350,7 @@ def _root_cause_from_output(child: Child, cause: RootCause) -> RootCause:
 
 
 def run_worker(launcher_overrides: dict[str, Override], mpi_overrides: dict[str, Override]) -> int:
-    return lifecycle.live(MpiWorkerPod(mpi_overrides), launcher_overrides)
+    return lifecycle.live(MpiWorkerPod(mpi_overrides), launcher_overrides, in_place=k8s.in_place_restart)
 
 
 class MpiWorkerPod(CommandPod):

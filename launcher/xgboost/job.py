@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
-from launcher import status
+from launcher import k8s, status
 from launcher.core import judge, lifecycle, python_argv
 from launcher.core.supervisor import Child
 from launcher.export.step import Export
@@ -88,7 +88,9 @@ def make_plan(
 def run_xgboost(
     launcher_overrides: dict[str, Override], xgboost_overrides: dict[str, Override], rest: list[str]
 ) -> int:
-    return lifecycle.live(XGBoostPod(xgboost_overrides, rest), launcher_overrides, status.start_watch, Export())
+    return lifecycle.live(
+        XGBoostPod(xgboost_overrides, rest), launcher_overrides, status.start_watch, Export(), k8s.in_place_restart
+    )
 
 
 def _summary(plan: XGBoostPlan) -> str:
@@ -462,9 +464,11 @@ class XGBoostPod(lifecycle.Pod):
         if report is not None and report.ending == "crashed" and error:
             # The runner's own bug, not the program's failure (launcher/core/crash.py).
             return internal_error(error, report.where, node)
-        if report is not None and report.ending == "refused" and report.reason == Reasons.UNSUPPORTED_VERSION and error:
-            # The runner refused the interpreter's xgboost before importing it (launcher/core/versions.py).
-            return Outcome.of(Reasons.UNSUPPORTED_VERSION, f"{what}: {error}", cause)
+        if report is not None and report.ending == "refused" and error:
+            # The runner refused the interpreter's xgboost: out of range, before importing it
+            # (launcher/core/versions.py), or not importable at all (ConfigError).
+            refused = Reasons.CONFIG_ERROR if report.reason == Reasons.CONFIG_ERROR else Reasons.UNSUPPORTED_VERSION
+            return Outcome.of(refused, f"{what}: {error}", cause)
         if _peer_lost(spawned, report):
             # Worded so launcher.core.job_outcome (PEER_LOSS_PATTERN) never takes this pod for the
             # job's root cause: xgboost's own words ("Encountered EOF. The other end is likely

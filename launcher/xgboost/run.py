@@ -81,6 +81,7 @@ versions = program.core("versions")
 # The table of reasons (launcher/core/reasons.py): the report's reason for an xgboost out of range.
 reasons = program.core("reasons")
 UNSUPPORTED = reasons.Reasons.UNSUPPORTED_VERSION
+CONFIG_ERROR = reasons.Reasons.CONFIG_ERROR
 # What xgboost's collective says when the other end of a connection went away: a worker that died
 # (or was torn down) elsewhere, or the tracker; beside the words every library's transport says.
 PEER_LOSS = re.compile(
@@ -132,6 +133,16 @@ def version_gate(go_fd: int | None, report_path: str | None, version: str | None
         report(report_path, "refused", 2, task_id, error=refused, reason=UNSUPPORTED)
         _usage_error(refused)
     return None
+
+
+def cannot_import(go_fd: int | None, report_path: str | None, error: Exception) -> NoReturn:
+    """The program's interpreter has no xgboost that imports: the image's, not the launcher's, fault
+    (exit 2, one line, the report's reason ConfigError), after the go word."""
+    if go_fd is not None:
+        os.environ.update(wait_for_go(go_fd))
+    line = f"{sys.executable} cannot import xgboost: {program.describe(error)}"
+    report(report_path, "refused", 2, WorkerEnv(dict(os.environ)).task_id, error=line, reason=CONFIG_ERROR)
+    _usage_error(line)
 
 
 # --- what to run ----------------------------------------------------------------------------
@@ -318,8 +329,11 @@ def main(argv: list[str] | None = None) -> None:
     program.set_sys_path(kind, target, os.path.dirname(os.path.realpath(__file__)))
     go_fd = version_gate(go_fd, report_path)  # before the import: an xgboost out of range never loads
 
-    import xgboost
-    from xgboost import collective, tracker
+    try:
+        import xgboost
+        from xgboost import collective, tracker
+    except Exception as error:  # noqa: BLE001 - not installed in this interpreter, or a broken install
+        cannot_import(go_fd, report_path, error)
 
     os.environ.update(wait_for_go(go_fd))
     program.register_stacks()
