@@ -328,6 +328,9 @@ def test_with_restarts_left_a_workers_sshd_killed_on_its_own_serves_again_in_pla
 
     with worker_role(tmp_path, "root", LAUNCHER_MAX_RESTARTS="1") as (worker, _, ssh):
         assert serving(worker), worker.stderr  # the knob, set for every pod of the job, is no error here
+        # "sshd on port" is the plan's line: sshd itself starts a moment later (CI once looked between).
+        wait_for(lambda: psutil.Process(worker.pid).children() or worker.process.poll() is not None,
+                 what="sshd to start")
         (sshd,) = psutil.Process(worker.pid).children()
         sshd.kill()  # 137, retryable: sshd starts again, on the same port with the same keys
         wait_for(lambda: "restart 1 of 1" in worker.stderr or worker.process.poll() is not None,
