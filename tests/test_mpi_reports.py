@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from conftest import REPO, clean_env, wait_for
+from conftest import REPO, alive, clean_env, wait_for
 from launcher.mpi import rank
 from launcher.mpi.reports import RankReports, facing_address
 from launcher.runner.report import Report
@@ -120,16 +120,8 @@ def test_a_sigterm_from_outside_is_passed_on_to_the_program_and_not_reported(tmp
     wait_for(ready.exists, 60, "the program to start again")
     watcher.send_signal(signal.SIGKILL)  # mpirun's last word: the program dies with its watcher
     watcher.wait(60)
-    wait_for(lambda: not _alive(int(ready.read_text())), 60, "the program to die with its watcher")
+    wait_for(lambda: not alive(int(ready.read_text())), 60, "the program to die with its watcher")
     assert reports.received == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_without_a_listener_the_rank_still_fails_at_once(tmp_path):

@@ -464,10 +464,10 @@ class XGBoostPod(lifecycle.Pod):
         if report is not None and report.ending == "crashed" and error:
             # The runner's own bug, not the program's failure (launcher/core/crash.py).
             return internal_error(error, report.where, node)
-        if report is not None and report.ending == "refused" and error:
+        refused = Reasons.named(report.reason or "") if report is not None and report.ending == "refused" else None
+        if refused in (Reasons.UNSUPPORTED_VERSION, Reasons.CONFIG_ERROR) and error:
             # The runner refused the interpreter's xgboost: out of range, before importing it
-            # (launcher/core/versions.py), or not importable at all (ConfigError).
-            refused = Reasons.CONFIG_ERROR if report.reason == Reasons.CONFIG_ERROR else Reasons.UNSUPPORTED_VERSION
+            # (launcher/core/versions.py), or not importable at all.
             return Outcome.of(refused, f"{what}: {error}", cause)
         if _peer_lost(spawned, report):
             # Worded so launcher.core.job_outcome (PEER_LOSS_PATTERN) never takes this pod for the
