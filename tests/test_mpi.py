@@ -208,6 +208,62 @@ def test_when_the_restarts_run_out_the_last_failure_ends_the_job_with_the_earlie
     assert steps_done(shared_dir) == {rank: [(0, 0), (0, 1)] for rank in range(4)}  # the second start resumed at 2
 
 
+CONTROLLER = str(REPO / "tests" / "mpi_job_controller.py")
+
+
+def lose_worker(mpi, tmp_path, shared_dir, replace: bool, **env: str) -> tuple[Job, Path]:
+    """mpi_resume.py on two worker pods x 2 ranks with 2 restarts; once a rank of each pod has
+    stepped, every process of worker pod 1 (ranks 2 and 3) is SIGKILLed, its node gone, and
+    (``replace``) tests/mpi_job_controller.py starts its replacement from nothing, as the Job
+    controller does. `local --mpi` does not replace pods: the controller starts `local`'s pods
+    itself (launcher.mpi.local.Cluster). Returns the controller and the folder of the pods' logs."""
+    pods = tmp_path / "pods"
+    pods.mkdir()
+    when = f"{shared_dir / '0.steps'},{shared_dir / '3.steps'}"
+    argv = [sys.executable, CONTROLLER, str(pods), mpi["name"], "1", when, "yes" if replace else "no", "--", RESUME]
+    env = {"LAUNCHER_MAX_RESTARTS": "2", "STEPS": "100", "PAUSE": "0.05", "CKPT": str(shared_dir / "ckpt"), **env}
+    return Job(argv, {**mpi["env"], "REPORT_DIR": str(shared_dir), **env}, tmp_path), pods
+
+
+@needs_cluster
+def test_a_lost_worker_pod_replaced_rejoins_and_every_rank_finishes_from_the_checkpoint(mpi, tmp_path, shared_dir):
+    # Before: Open MPI 5's mpirun exited 0 and the job "succeeded" after one step of 100; Open MPI
+    # 4 (205) and MPICH (255) failed it for good; Intel MPI's 137 named the launcher pod.
+    controller, pods = lose_worker(mpi, tmp_path, shared_dir, replace=True)
+    assert controller.wait(300) == 0, controller.stderr
+    said = (pods / "local-launcher-0-0.0.log").read_text(errors="replace")
+    restarts = [line for line in said.splitlines() if "restart 1 of 2: the job failed retryably" in line]
+    assert len(restarts) == 1 and "(PeerLost, exit 138, local-node-0-1)" in restarts[0], said
+    assert "lost the worker pod local-node-0-1" in restarts[0] and "restart 2 of 2" not in said, said
+    assert "done: 100 steps, weight 100" in said, said  # no step lost, none done twice
+    assert (pods / "local-node-0-1.1.log").exists()  # the replacement served the second start
+    message = json.loads((pods / "termination.json").read_text())
+    assert message["exitCode"] == 0
+    assert [(r["generation"], r["reason"], r["exitCode"], r["rootCause"]["node"]) for r in message["restarts"]] == [
+        (0, "PeerLost", 138, "local-node-0-1")], message
+    for rank, done in steps_done(shared_dir).items():  # every rank, the replacement's too, resumed
+        later = [step for generation, step in done if generation == 1]
+        assert later == list(range(later[0], 100)) and later[0] > 0, (rank, done)
+
+
+@needs_cluster
+@pytest.mark.parametrize("rejoin", ["5", "0"])
+def test_a_lost_worker_pod_never_replaced_ends_the_job_peer_lost(mpi, tmp_path, shared_dir, rejoin):
+    """With a rejoin timeout, mpirun's next start waits that long for the replacement's sshd; with
+    0 it is not waited for. Either way 138 PeerLost, naming the pod, and the JobSet's turn."""
+    controller, pods = lose_worker(mpi, tmp_path, shared_dir, replace=False, LAUNCHER_REJOIN_TIMEOUT=rejoin)
+    assert controller.wait(300) == 138, controller.stderr
+    said = (pods / "local-launcher-0-0.0.log").read_text(errors="replace")
+    message = json.loads((pods / "termination.json").read_text())
+    assert (message["reason"], message["retryable"], message["rootCause"]["node"]) == (
+        "PeerLost", True, "local-node-0-1"), message
+    if rejoin == "0":
+        assert "restart " not in said and "lost the worker pod local-node-0-1" in message["message"], said
+    else:
+        assert "did not come back to rejoin the job within 5s (LAUNCHER_REJOIN_TIMEOUT)" in message["message"], message
+        assert [(r["generation"], r["reason"]) for r in message["restarts"]] == [(0, "PeerLost")], message
+
+
 def launcher_role(tmp_path: Path, hostfile_text: str) -> tuple[Path, Path]:
     """A hostfile and a key mount for the launcher role alone (no worker is ever reached)."""
     hostfile = tmp_path / "hostfile"

@@ -980,3 +980,50 @@ def test_with_restarts_in_place_the_workers_ranks_get_the_restart_count(ssh_dir,
                 [("-x", n) for n in plan.argv[plan.argv.index("-genvlist") + 1].split(",")])
     assert (("-x", "LAUNCHER_RESTART_COUNT") in exported) is restarts
     assert "LAUNCHER_RESTART_COUNT" not in plan.env_set
+
+
+# A worker pod lost, as each MPI's launcher pod saw it in tests/test_mpi.py (launcher/mpi/lost.py).
+LOST = {
+    "ssh": (["Connection to local-node-0-1.local closed by remote host."], "local-node-0-1"),
+    "ssh-keepalive": (["Timeout, server 10.0.3.7 not responding."], "10.0.3.7"),
+    "open-mpi-4": (["ORTE has lost communication with a remote daemon.", "",
+                    "  HNP daemon   : [[52398,0],0] on node local-launcher-0-0",
+                    "  Remote daemon: [[52398,0],2] on node local-node-0-1.local"], "local-node-0-1"),
+    "open-mpi-5": (["PRTE has lost communication with a remote daemon.", "",
+                    "  HNP daemon   : [prterun-local-launcher-0-0-21267@0,0] on node local-launcher-0-0",
+                    "  Remote daemon: [prterun-local-launcher-0-0-21267@0,2] on node local-node-0-1"], "local-node-0-1"),
+    "mpich": (["[mpiexec@local-launcher-0-0] control_cb (/mpich-5.0.2/src/pm/hydra/mpiexec/pmiserv_cb.c:280): "
+               "assert (!closed) failed"], None),
+}
+
+
+@pytest.mark.parametrize("lines, pod", list(LOST.values()), ids=list(LOST))
+def test_a_lost_worker_pod_is_peer_lost_naming_the_pod_where_the_output_does(lines, pod):
+    from launcher.mpi.lost import LostWorkers
+
+    mpirun = Child(name="mpirun", pid=1, popen=None)
+    lost = LostWorkers(mpirun)
+    for line in lines:
+        lost(Child(name="other", pid=2, popen=None), line)  # another process's words are not mpirun's
+    assert lost.outcome("mpirun on tj-launcher-0-0") is None
+    for line in lines:
+        lost(mpirun, line)
+    outcome = lost.outcome("mpirun on tj-launcher-0-0")
+    assert (outcome.exit_code, outcome.reason, is_retryable(outcome.exit_code, DEFAULT_RETRYABLE_EXIT_CODES)) == (
+        138, "PeerLost", True)
+    assert outcome.root_cause.node == pod
+    assert (f"lost the worker pod {pod}:" if pod else "does not say which") in outcome.message
+
+
+@pytest.mark.parametrize("line", [
+    "Connection to local-node-0-1.local closed.",  # ssh's word for a session that ended as it should
+    "An MPI communication peer process has unexpectedly disconnected.",  # a rank's echo, not a pod's loss
+    "[mpiexec@h] HYD_pmci_wait_for_completion (pmiserv_pmci.c:180): error waiting for event",
+])
+def test_words_that_are_no_pods_loss_leave_mpiruns_verdict(line):
+    from launcher.mpi.lost import LostWorkers
+
+    mpirun = Child(name="mpirun", pid=1, popen=None)
+    lost = LostWorkers(mpirun)
+    lost(mpirun, line)
+    assert lost.outcome("mpirun") is None

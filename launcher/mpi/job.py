@@ -9,6 +9,7 @@ import re
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -18,9 +19,11 @@ from launcher.core.exec_job import CommandPod, node_name
 from launcher.core.outcome import (
     PEER_LOSS_PATTERN,
     ConfigError,
+    LauncherError,
     Outcome,
     Reasons,
     RootCause,
+    WaitTimeout,
     evidence_regex,
     signal_name,
     stopped,
@@ -28,7 +31,7 @@ from launcher.core.outcome import (
 from launcher.core.settings import HostEnv, LauncherSettings, Override
 from launcher.core.supervisor import Child
 from launcher.export.step import Export
-from launcher.mpi import ssh
+from launcher.mpi import lost, ssh
 from launcher.mpi.detect import MpiImpl, detect, find_libmpi
 from launcher.mpi.hostfile import Host, parse_hostfile
 from launcher.mpi.plan import MpiFacts, MpiPlan, hostfile_option, known_hosts_text, plan_mpi, split_mpirun_args
@@ -68,6 +71,8 @@ _HOST_KEY_REFUSED = (
     re.compile(r"No \S+ host key is known for (\S+) and you have requested strict checking"),
 )
 _HOST_KEY_FAILED = "Host key verification failed"
+# Verdicts read from mpirun's exit code alone, which a worker pod's loss overrides (launcher.mpi.lost).
+_MPIRUN_CODE = (Reasons.SUCCEEDED, Reasons.FAILED, Reasons.RETRYABLE_EXIT, Reasons.PEER_LOST)
 
 
 def read_hosts(mpi: MpiSettings, mpi_overrides: dict[str, Override]) -> tuple[Host, ...]:
@@ -147,6 +152,8 @@ class MpiPod(CommandPod):
         self.reports: RankReports | None = None
         self.refused: list[str | None] = []
         self.base_env: dict[str, str] = {}  # mpirun's environment before each start's own variables
+        self.lost: lost.LostWorkers | None = None  # this start's watch for a worker pod's loss
+        self.rejoining: str | None = None  # this start waits for the lost worker pod's replacement
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
         mpi, plan = make_plan(self.mpi_overrides, self.rest, life.launcher)
@@ -178,8 +185,17 @@ class MpiPod(CommandPod):
         return lifecycle.Planned(plan, node_name(), summary, sends=True, watch=watch)
 
     def awaits(self, life: lifecycle.Life) -> lifecycle.Awaited:
-        """Every worker's sshd accepts."""
+        """Every worker's sshd accepts; after a worker pod was lost, its replacement's within
+        LAUNCHER_REJOIN_TIMEOUT, as the pods of the other frameworks hold for theirs."""
+        self.rejoining = lost.pod_lost_before(life)
+        if self.rejoining is not None:
+            life.deadline = time.monotonic() + life.launcher.rejoin_timeout
         return lifecycle.Awaited(hosts=life.plan.wait_hosts, port=life.plan.ssh_port)
+
+    def wait_failed(self, life: lifecycle.Life, error: LauncherError) -> Outcome:
+        if self.rejoining is not None and isinstance(error, WaitTimeout):
+            return lost.not_back(self.rejoining, life.launcher.rejoin_timeout, str(error)).on_node(life.node)
+        return super().wait_failed(life, error)
 
     def go(self, life: lifecycle.Life) -> None:
         own: dict[str, str] = {}  # this start's: where its ranks report, which start it is
@@ -202,6 +218,12 @@ class MpiPod(CommandPod):
         # it. And ours in value.
         self.env = {**own, **self.base_env, **own}
         super().go(life)
+        if self.lost is not None:
+            life.supervisor.line_observers.remove(self.lost)
+            self.lost = None
+        if self.child is not None:
+            self.lost = lost.LostWorkers(self.child)
+            life.supervisor.line_observers.append(self.lost)
 
     restarts_in_place = True
 
@@ -213,9 +235,9 @@ class MpiPod(CommandPod):
         self.reports, self.refused = None, []
 
     def restarts_after(self, life: lifecycle.Life, outcome: Outcome) -> bool:
-        """After a lost worker pod too: the next start's mpirun reaches its replacement's sshd by
-        the same name, and waits for it as the first start did."""
-        return True
+        """After a lost worker pod too, unless LAUNCHER_REJOIN_TIMEOUT is 0: the next start's
+        mpirun reaches its replacement's sshd by the same name, once it serves (awaits)."""
+        return outcome.reason != Reasons.PEER_LOST or life.launcher.rejoin_timeout > 0
 
     def own_words(self, line: str) -> bool:
         return mpirun_own_words(line)
@@ -229,7 +251,15 @@ class MpiPod(CommandPod):
     def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
         if self.reports is not None:
             own = with_reported_error(own, self.reports.received, life.launcher)
-        return host_key_refused(self.refused[0]) if self.refused and own.exit_code != 0 else own
+        if self.refused and own.exit_code != 0:
+            return host_key_refused(self.refused[0])
+        # A worker pod lost, whatever mpirun's code (Open MPI 5's is 0): the job's verdict, over
+        # mpirun's code only. Not where a signal ended a rank (its own crash or kill, said by its
+        # watcher or mpirun), nor where the launcher ended the job (a hang, this pod stopped).
+        signaled = own.root_cause is not None and own.root_cause.signal is not None
+        if self.lost is not None and own.reason in _MPIRUN_CODE and not signaled:
+            return self.lost.outcome(f"mpirun on {life.node}") or own
+        return own
 
 
 def _mount_source(mpi_overrides: dict[str, Override]) -> str:

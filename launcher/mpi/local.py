@@ -129,6 +129,83 @@ def _keys(workdir: str, gid: int) -> str:
     return keys
 
 
+class Cluster:
+    """The job's pods on this machine, in this process's private network: the Secret, the hosts
+    file and the hostfile written once; each pod's command line made on demand. A pod made again
+    is a replacement, as a Job controller starts one: the same name and address, a new state
+    directory."""
+
+    def __init__(
+        self,
+        workdir: str,
+        implementation: str,
+        nnodes: int,
+        slots: int,
+        trainjob: str,
+        account: pwd.struct_passwd,
+        knobs: list[str],
+    ):
+        self.workdir, self.implementation, self.account, self.knobs = workdir, implementation, account, knobs
+        _private_network(nnodes, on_interface=implementation == "openmpi")
+        self.keys = _keys(workdir, account.pw_gid)
+        self.workers = [f"{trainjob}-node-0-{i}" for i in range(nnodes)]
+        self.launcher_pod = f"{trainjob}-launcher-0-0"
+        self.hosts = os.path.join(workdir, "hosts")
+        with open("/etc/hosts") as current, open(self.hosts, "w") as private:
+            private.write(current.read().rstrip() + "\n")
+            private.write(f"{LAUNCHER_IP} {self.launcher_pod} {self.launcher_pod}.{trainjob}\n")
+            private.writelines(f"{worker_ip(i)} {pod} {pod}.{trainjob}\n" for i, pod in enumerate(self.workers))
+        self.hostfile = os.path.join(workdir, "hostfile")  # what the controller's ConfigMap holds
+        with open(self.hostfile, "w") as handle:
+            handle.writelines(f"{pod}.{trainjob} slots={slots}\n" for pod in self.workers)
+        os.chmod(self.hosts, 0o644)
+        os.chmod(self.hostfile, 0o644)
+        self.base = {k: v for k, v in settings.environ().items() if not k.startswith(("OMPI_", "PRTE_", "PMIX_"))}
+        self.base.update(
+            {
+                "HOME": account.pw_dir,
+                "USER": account.pw_name,
+                "LOGNAME": account.pw_name,
+                # Open MPI may only use the cluster interface (it skips loopback-only hosts).
+                "OMPI_MCA_btl_tcp_if_include": INTERFACE,
+                "OMPI_MCA_oob_tcp_if_include": INTERFACE,
+                "PRTE_MCA_oob_tcp_if_include": INTERFACE,
+            }
+        )
+
+    def worker(self, index: int) -> tuple[str, list[str], dict[str, str]]:
+        """Worker pod ``index``: its name, command line and environment."""
+        pod = self.workers[index]
+        state = self._pod_dir(pod)
+        role = ["--worker", *self.knobs, "--ssh-listen-address", worker_ip(index)]
+        return pod, self._enter(pod, state, role), self._env(pod, state)
+
+    def launcher(self, rest: list[str]) -> tuple[str, list[str], dict[str, str]]:
+        """The launcher pod, running ``rest`` under mpirun."""
+        pod = self.launcher_pod
+        state = self._pod_dir(pod)
+        role = ["--implementation", self.implementation, *self.knobs, "--hostfile", self.hostfile, "--", *rest]
+        return pod, self._enter(pod, state, role), self._env(pod, state)
+
+    def _env(self, pod: str, state: str) -> dict[str, str]:
+        return {**self.base, "HOSTNAME": pod, "LAUNCHER_TERMINATION_LOG": os.path.join(state, "termination.json")}
+
+    def _pod_dir(self, pod: str) -> str:
+        path = tempfile.mkdtemp(prefix=f"{pod}.", dir=self.workdir)
+        os.chown(path, self.account.pw_uid, self.account.pw_gid)
+        return path
+
+    def _enter(self, pod: str, state: str, role: list[str]) -> list[str]:
+        """``trainer-launcher mpi`` in the pod's namespaces, as its user; ``role``'s words go first
+        (the launcher's program last)."""
+        account = self.account
+        drop = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--"]
+        mounts = ["--ssh-auth-mount-path", self.keys, "--ssh-dir", state]
+        split = role.index("--") if "--" in role else len(role)
+        argv = [sys.executable, "-m", "launcher", "mpi", *role[:split], *mounts, *role[split:]]
+        return [*UNSHARE_NODE, "sh", "-c", _ENTER_POD, self.hosts, self.keys, pod, *drop, *argv]
+
+
 def _run(
     launcher: LauncherSettings,
     launcher_overrides,
@@ -143,107 +220,27 @@ def _run(
     workdir = tempfile.mkdtemp(prefix="trainer-launcher-local-mpi-")
     os.chmod(workdir, 0o755)
     try:
-        _private_network(nnodes, on_interface=implementation == "openmpi")
-        keys = _keys(workdir, account.pw_gid)
-        pods = [f"{trainjob}-node-0-{i}" for i in range(nnodes)]
-        launcher_pod = f"{trainjob}-launcher-0-0"
-        hosts = os.path.join(workdir, "hosts")
-        with open("/etc/hosts") as current, open(hosts, "w") as private:
-            private.write(current.read().rstrip() + "\n")
-            private.write(f"{LAUNCHER_IP} {launcher_pod} {launcher_pod}.{trainjob}\n")
-            private.writelines(f"{worker_ip(i)} {pod} {pod}.{trainjob}\n" for i, pod in enumerate(pods))
-        hostfile = os.path.join(workdir, "hostfile")  # what the controller's ConfigMap holds
-        with open(hostfile, "w") as handle:
-            handle.writelines(f"{pod}.{trainjob} slots={slots}\n" for pod in pods)
-        os.chmod(hosts, 0o644)
-        os.chmod(hostfile, 0o644)
         knobs = [
             a
             for o in (*launcher_overrides.values(), *mpi_overrides.values())
             if o.source != "--termination-log"
             for a in (o.source, str(o.value))
         ]
-        base = {k: v for k, v in settings.environ().items() if not k.startswith(("OMPI_", "PRTE_", "PMIX_"))}
-        base.update(
-            {
-                "HOME": account.pw_dir,
-                "USER": account.pw_name,
-                "LOGNAME": account.pw_name,
-                # Open MPI may only use the cluster interface (it skips loopback-only hosts).
-                "OMPI_MCA_btl_tcp_if_include": INTERFACE,
-                "OMPI_MCA_oob_tcp_if_include": INTERFACE,
-                "PRTE_MCA_oob_tcp_if_include": INTERFACE,
-            }
-        )
-        drop = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--"]
+        cluster = Cluster(workdir, implementation, nnodes, slots, trainjob, account, knobs)
         log.info(
             f"local: MPI ({implementation}) on {nnodes} worker pods x {slots} slots and a launcher pod, "
             f"ssh as {account.pw_name}"
         )
         with Supervisor(launcher.grace_period) as supervisor:
-            for index, pod in enumerate(pods):
-                state = _pod_dir(workdir, pod, account)
-                argv = [
-                    sys.executable,
-                    "-m",
-                    "launcher",
-                    "mpi",
-                    "--worker",
-                    *knobs,
-                    "--ssh-auth-mount-path",
-                    keys,
-                    "--ssh-dir",
-                    state,
-                    "--ssh-listen-address",
-                    worker_ip(index),
-                ]
-                env = {**base, "HOSTNAME": pod, "LAUNCHER_TERMINATION_LOG": os.path.join(state, "termination.json")}
-                supervisor.spawn(pod, _enter(hosts, keys, pod, drop + argv), env, transform=_prefix(pod))
-            state = _pod_dir(workdir, launcher_pod, account)
-            argv = [
-                sys.executable,
-                "-m",
-                "launcher",
-                "mpi",
-                "--implementation",
-                implementation,
-                *knobs,
-                "--hostfile",
-                hostfile,
-                "--ssh-auth-mount-path",
-                keys,
-                "--ssh-dir",
-                state,
-                "--",
-                *rest,
-            ]
-            env = {
-                **base,
-                "HOSTNAME": launcher_pod,
-                "LAUNCHER_TERMINATION_LOG": os.path.join(state, "termination.json"),
-            }
-            main = supervisor.spawn(
-                launcher_pod,
-                _enter(hosts, keys, launcher_pod, drop + argv),
-                env,
-                transform=_prefix(launcher_pod),
-                primary=True,
-            )
+            for index in range(nnodes):
+                pod, argv, env = cluster.worker(index)
+                supervisor.spawn(pod, argv, env, transform=_prefix(pod))
+            pod, argv, env = cluster.launcher(rest)
+            main = supervisor.spawn(pod, argv, env, transform=_prefix(pod), primary=True)
             supervisor.run()
-        return _outcome(supervisor, main, os.path.join(state, "termination.json"), launcher)
+        return _outcome(supervisor, main, env["LAUNCHER_TERMINATION_LOG"], launcher)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _pod_dir(workdir: str, pod: str, account: pwd.struct_passwd) -> str:
-    path = os.path.join(workdir, pod)
-    os.makedirs(path, mode=0o700)
-    os.chown(path, account.pw_uid, account.pw_gid)
-    return path
-
-
-def _enter(hosts: str, keys: str, pod: str, argv: list[str]) -> list[str]:
-    return [*UNSHARE_NODE, "sh", "-c", _ENTER_POD, hosts, keys, pod, *argv]
 
 
 def _prefix(pod: str):

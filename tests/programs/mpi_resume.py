@@ -11,10 +11,12 @@ FAIL        <ending>@<step>[@<generations>]: the rank FAIL_RANK ends so at that 
 FAIL_RANK   the rank that fails in generation 0 (default 1); in generation g, the next g-th rank
             (FAIL_RANK + g modulo the world's size), so that each generation's failure is its own
 REPORT_DIR  each rank appends "<generation> <step>" per step done to <rank>.steps
+PAUSE       seconds each step takes (default 0), so a job outlasts what a test does to it
 """
 
 import json
 import os
+import time
 
 from mpi4py import MPI
 from restart_fault import FAIL
@@ -26,6 +28,7 @@ checkpoint = os.environ.get("CKPT")
 steps = int(os.environ.get("STEPS", "8"))
 report_dir = os.environ.get("REPORT_DIR")
 fail_rank = int(os.environ.get("FAIL_RANK", "1"))
+pause = float(os.environ.get("PAUSE", "0"))
 
 
 start, weight = 0, 0.0
@@ -36,6 +39,7 @@ if checkpoint and os.path.exists(checkpoint):
 for step in range(start, steps):
     if rank == (fail_rank + generation) % comm.Get_size() and FAIL.due(step, generation):
         FAIL.end()
+    time.sleep(pause)
     weight += comm.allreduce(1.0) / comm.Get_size()
     if report_dir:
         with open(os.path.join(report_dir, f"{rank}.steps"), "a") as log:
