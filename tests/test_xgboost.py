@@ -245,20 +245,24 @@ def test_a_program_with_no_collective_code_of_its_own_is_distributed(tmp_path, o
     assert sorted(p.read_text() for p in out.glob("sum-*")) == ["6.0"] * 3
 
 
-def test_a_workers_python_without_xgboost_is_one_line_and_exit_2(tmp_path, out):
-    """Pod 1's image has no xgboost in the program's python: the image's fault, not the launcher's
-    (it was a launcher bug, exit 70): one line naming that python, a permanent exit, no traceback.
-    (On pod 0 the tracker, in the same python, fails first: exit 1 naming the tracker.)"""
+@pytest.mark.parametrize("pod", [1, 0], ids=["worker", "tracker-pod"])
+def test_a_python_without_xgboost_is_one_line_and_exit_2(tmp_path, out, pod):
+    """One pod's image has no xgboost in the program's python: the image's fault, not the
+    launcher's (it was a launcher bug, exit 70, and on pod 0 the tracker's traceback, exit 1): one
+    line naming that python, a permanent exit, no traceback. On pod 0 the tracker, in that python,
+    says it first."""
     import subprocess
 
     bare = tmp_path / "bare"  # an interpreter with nothing installed
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     port = free_port()
-    pods = [Job(launcher("xgboost", "--", python, TRAIN), pod_env(out, pod, 2, port), tmp_path, f"pod{pod}")
-            for pod, python in ((0, "python"), (1, str(bare / "bin" / "python")))]
-    assert pods[1].wait(120) == 2, pods[1].stderr
-    message = pods[1].termination()
+    pythons = {pod: str(bare / "bin" / "python"), 1 - pod: "python"}
+    pods = [Job(launcher("xgboost", "--", pythons[i], TRAIN), pod_env(out, i, 2, port), tmp_path, f"pod{i}")
+            for i in (0, 1)]
+    assert pods[pod].wait(120) == 2, pods[pod].stderr
+    message = pods[pod].termination()
     assert (message["reason"], message["retryable"]) == ("ConfigError", False), message
     assert f"{bare / 'bin' / 'python'} cannot import xgboost: ModuleNotFoundError" in message["message"], message
-    assert "Traceback" not in pods[1].stderr, pods[1].stderr
-    pods[0].wait(120)
+    assert "Traceback" not in pods[pod].stderr, pods[pod].stderr
+    pods[1 - pod].signal(15)
+    pods[1 - pod].wait(120)

@@ -409,7 +409,7 @@ class XGBoostPod(lifecycle.Pod):
 
     def judge(self, life: lifecycle.Life) -> Outcome:
         """This pod's own outcome, from what has happened so far."""
-        from launcher.core.outcome import RootCause, last_lines, success, terminated
+        from launcher.core.outcome import Outcome, Reasons, RootCause, last_lines, success, terminated
 
         supervisor, node = life.supervisor, life.node
         if life.watch is not None and life.watch.hang is not None:
@@ -423,6 +423,8 @@ class XGBoostPod(lifecycle.Pod):
             return success()
         codes = life.launcher.retryable_exit_codes
         if any(tracker is not None and first is tracker.child for tracker in (self.tracker, self.early_tracker)):
+            if refused := _tracker_refused(first):
+                return Outcome.of(Reasons.CONFIG_ERROR, refused, RootCause(node=node))
             evidence = judge.gather(first.exit_status, first.marks, memory_before=life.memory)
             outcome = judge.verdict(
                 evidence, codes=codes, root_cause=RootCause(node=node), what=f"the XGBoost tracker on {node}"
@@ -517,3 +519,11 @@ def _peer_loss_line(child: Child) -> str:
         (line.strip() for line in reversed(child.tail) if runner_module.PEER_LOSS.search(line)),
         "the collective's connection failed",
     )
+
+
+def _tracker_refused(child: Child) -> str | None:
+    """The tracker's one line when the program's python cannot import xgboost (it exits 2)."""
+    if child.exit_status != 2:
+        return None
+    said = next((line for line in reversed(child.tail) if tracker_module.CANNOT_IMPORT in line), None)
+    return said.strip().removeprefix("trainer-launcher: xgboost tracker: ") if said else None

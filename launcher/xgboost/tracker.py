@@ -36,6 +36,7 @@ from typing import NoReturn
 # The first line of xgboost's warning for a connection that closed before its handshake; the
 # lines after it that start with "- [" are its causes.
 _PROBE_WARNING = re.compile(r"WARNING: .*Failed to initialize worker proxy")
+CANNOT_IMPORT = "cannot import xgboost"  # its one line when the program's python has none (exit 2)
 
 if __package__:
     from launcher.xgboost.run import compat, error_line
@@ -118,7 +119,11 @@ def main(argv: list[str] | None = None) -> None:
     global _finish_stderr
     _finish_stderr = without_probe_warnings()
 
-    from xgboost.tracker import RabitTracker
+    try:
+        from xgboost.tracker import RabitTracker
+    except Exception as error:  # noqa: BLE001 - not installed in this interpreter, or a broken install
+        _say(f"{sys.executable} {CANNOT_IMPORT}: {type(error).__name__}: {error}")
+        _leave(2)  # the image's fault, as for the workers (run.py): the launcher reads it as a ConfigError
 
     if args.go_fd is not None:
         word = _go_word(args.go_fd)
