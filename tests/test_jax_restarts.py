@@ -24,11 +24,11 @@ RESUME = str(REPO / "tests" / "programs" / "jax_resume.py")
 STEPS = 6
 
 
-def resume_job(tmp_path: Path, max_restarts: int, fail: str) -> Job:
+def resume_job(tmp_path: Path, max_restarts: int, fail: str, **extra: str) -> Job:
     """Two pods, process 1 failing as ``fail`` says (tests/programs/jax_resume.py's FAIL)."""
     argv = launcher("local", "--framework", "jax", "--nnodes", "2", "--", sys.executable, RESUME)
-    env = jax_env(LAUNCHER_MAX_RESTARTS=str(max_restarts), CKPT=str(tmp_path / "ckpt.json"), STEPS=str(STEPS),
-                  REPORT_DIR=str(tmp_path), FAIL=fail, FAIL_ID="1")
+    env = jax_env(**{"LAUNCHER_MAX_RESTARTS": str(max_restarts), "CKPT": str(tmp_path / "ckpt.json"),
+                     "STEPS": str(STEPS), "REPORT_DIR": str(tmp_path), "FAIL": fail, "FAIL_ID": "1", **extra})
     return Job(argv, env, tmp_path, name="local")
 
 
@@ -84,6 +84,33 @@ def test_when_restarts_run_out_the_last_verdict_stands_with_each_earlier_one_in_
         # the second generation's stop record reached process 0: it stopped for process 1, again
     assert job.stderr.count("process 0 stops: process 1 on local-node-0-1 failed first (exit code 138)") == 2
     assert [(g, s) for g, s, _ in steps_done(tmp_path, 0)] == [(0, 0)]  # resumed at step 1, failed there again
+
+
+def test_a_hang_after_a_restart_is_still_caught_and_the_status_counts_the_restart(tmp_path, status_server):
+    """Process 1 is killed in the first start, and stops for good in the second: the hang watch,
+    timed afresh from the restart, ends the job as Hang with the stuck process's stack. The
+    TrainJob's status (the stand-in of Trainer's status server) counts the restart."""
+    job = resume_job(tmp_path, 1, "signal:SIGKILL@2", STEPS="100000", STEP_TIME="0.05", HANG="4@1", PROGRESS="1",
+                     LAUNCHER_HANG_TIMEOUT="15", **status_server.env())
+    assert job.wait(JAX_PROCESS_TIMEOUT * 3) == 138, job.stderr[-5000:]
+    message = job.termination()
+    assert (message.get("causeReason", message["reason"]), message["retryable"]) == ("Hang", True), message
+    # Process 1's pod says Killed (137); the other, which no stop record reached (a SIGKILLed process
+    # writes none), PeerLost (138) naming that pod. Both retryable: both restarted.
+    (earlier,) = message["restarts"]
+    assert (earlier["generation"], earlier["rootCause"]["node"]) == (0, "local-node-0-1"), message
+    assert earlier["exitCode"] in (137, 138), message
+    assert "stuck_forever" in job.stderr, job.stderr[-5000:]  # process 1's stack, taken on its pod
+    _assert_final_status(status_server, "138", "Hang", "1")
+
+
+def _assert_final_status(status_server, exit_code: str, reason: str, restarts: str) -> None:
+    from test_restarts import _metrics
+
+    finals = status_server.wait_for(
+        lambda seen: [r for r in seen if r["code"] == 200 and "exit_code" in _metrics(r)], what="the final status")
+    final = _metrics([r for r in finals if r["code"] == 200 and "exit_code" in _metrics(r)][-1])
+    assert (final["exit_code"], final["reason"], final["restarts"]) == (exit_code, reason, restarts), final
 
 
 def _pod(tmp_path: Path, process: int, port: int, rejoin_timeout: int, steps: int) -> Job:

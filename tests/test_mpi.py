@@ -208,6 +208,24 @@ def test_when_the_restarts_run_out_the_last_failure_ends_the_job_with_the_earlie
     assert steps_done(shared_dir) == {rank: [(0, 0), (0, 1)] for rank in range(4)}  # the second start resumed at 2
 
 
+@needs_cluster
+def test_a_hang_after_a_restart_is_still_caught(mpi, tmp_path, shared_dir):
+    """Rank 1 is killed in the first start; in the second, rank 2 (on the other worker pod) stops for
+    good: the hang watch, timed afresh from the restart, ends the job as Hang with the stuck rank's
+    stack, sent over from its worker pod. (The status counting the restart is the lifecycle's, the
+    same for every framework, and checked in the torch, JAX and XGBoost tests: `local --mpi` runs its
+    pods in a network namespace of their own, out of the status server's reach.)"""
+    job = local_mpi(mpi, tmp_path, shared_dir, program=(RESUME,), LAUNCHER_MAX_RESTARTS="1",
+                    CKPT=str(shared_dir / "ckpt"), FAIL="signal:SIGKILL@2", HANG="4@1", STEPS="100000", PAUSE="0.05",
+                    PROGRESS="1", LAUNCHER_HANG_TIMEOUT="15")
+    assert job.wait(300) == 138, job.stderr[-5000:]
+    message = job.termination()
+    assert (message["reason"], message["retryable"]) == ("Hang", True), message
+    assert [(r["generation"], r["exitCode"]) for r in message["restarts"]] == [(0, 137)], message
+    assert "rank 2 on local-node-0-1 in restart_fault.py" in message["message"], message
+    assert "stuck_forever" in job.stderr, job.stderr[-5000:]
+
+
 CONTROLLER = str(REPO / "tests" / "mpi_job_controller.py")
 
 

@@ -1027,3 +1027,22 @@ def test_words_that_are_no_pods_loss_leave_mpiruns_verdict(line):
     lost = LostWorkers(mpirun)
     lost(mpirun, line)
     assert lost.outcome("mpirun") is None
+
+
+def test_where_mpiruns_output_names_no_host_the_worker_that_no_longer_answers_is_named():
+    """MPICH's mpiexec may exit before ssh says which pod went: the first worker whose sshd port
+    refuses now is the lost one (real sockets: one answers, the other's address has no listener)."""
+    import socket
+
+    from launcher.mpi.lost import LostWorkers
+
+    mpirun = Child(name="mpirun", pid=1, popen=None)
+    lost = LostWorkers(mpirun)
+    with socket.create_server(("127.0.0.1", 0)) as serving:
+        port = serving.getsockname()[1]
+        lost.name_gone(("127.0.0.1", "127.0.0.2"), port)
+        assert lost.outcome("mpirun") is None  # nothing was lost: nobody is asked
+        lost(mpirun, LOST["mpich"][0][0])
+        lost.name_gone(("127.0.0.1", "127.0.0.2"), port)
+    outcome = lost.outcome("mpirun on tj-launcher-0-0")
+    assert outcome.root_cause.node == "127.0.0.2" and "lost the worker pod 127.0.0.2:" in outcome.message

@@ -38,7 +38,8 @@ def out(tmp_path: Path) -> Path:
 def resume_job(tmp_path: Path, out: Path, fail: str, *flags: str, **extra: str) -> Job:
     """Two pods, task 1 failing as ``fail`` says (tests/programs/xgboost_resume.py's FAIL)."""
     argv = launcher("local", "--framework", "xgboost", "--nnodes", "2", *flags, "--", "python", RESUME)
-    variables = env(out, CKPT=str(tmp_path / "ckpt.ubj"), ROUNDS=str(ROUNDS), FAIL=fail, FAIL_TASK="1", **extra)
+    variables = env(out, **{"CKPT": str(tmp_path / "ckpt.ubj"), "ROUNDS": str(ROUNDS), "FAIL": fail,
+                            "FAIL_TASK": "1", **extra})
     return Job(argv, variables, tmp_path, name="local")
 
 
@@ -119,6 +120,22 @@ def test_when_restarts_run_out_the_last_verdict_stands_with_each_earlier_one_in_
         assert job.stderr.count(f"[node-{node}] trainer-launcher: warning: restart 1 of 1") == 1, job.stderr
     assert [(g, r) for g, r, _ in rounds_done(out, 0)] == [(0, 0)]  # resumed at round 1, failed there again
     assert job.stdout.count("task 1 ends (exit:138) in generation") == 2, job.stdout
+
+
+def test_a_hang_after_a_restart_is_still_caught_and_the_status_counts_the_restart(tmp_path, out, status_server):
+    """Task 1 is killed in the first start, and stops for good in the second: the hang watch,
+    timed afresh from the restart, ends the job as Hang with the stuck worker's stack. The
+    TrainJob's status (the stand-in of Trainer's status server) counts the restart."""
+    from test_jax_restarts import _assert_final_status
+
+    job = resume_job(tmp_path, out, "signal:SIGKILL@2", ROUNDS="100000", ROUND_TIME="0.05", HANG="4@1",
+                     PROGRESS="1", LAUNCHER_MAX_RESTARTS="1", LAUNCHER_HANG_TIMEOUT="15", **status_server.env())
+    assert job.wait(TIMEOUT) == 138, job.stderr[-5000:]
+    message = job.termination()
+    assert (message.get("causeReason", message["reason"]), message["retryable"]) == ("Hang", True), message
+    assert [(r["generation"], r["exitCode"]) for r in message["restarts"]] == [(0, 137)], message
+    assert "stuck_forever" in job.stderr, job.stderr[-5000:]  # task 1's stack, taken on its pod
+    _assert_final_status(status_server, "138", "Hang", "1")
 
 
 def test_without_restarts_a_killed_worker_ends_the_job_as_before(tmp_path, out):

@@ -67,7 +67,7 @@ def wait_until_accepts(host: str, port: int, deadline: float, sleep: Sleep = tim
     )
 
 
-def _knock(host: str, port: int, timeout: float) -> None:
+def knock(host: str, port: int, timeout: float) -> None:
     """Connect and, if the server speaks first (sshd's banner), answer with an identification line
     before closing, so sshd does not log every probe as a failed key exchange."""
     with socket.create_connection((host, port), timeout=timeout) as connection:
@@ -89,7 +89,7 @@ def wait_until_hosts_accept(
     while pending:
         for host in list(pending):
             try:
-                _knock(host, port, max(0.1, min(2.0, deadline - time.monotonic())))
+                knock(host, port, max(0.1, min(2.0, deadline - time.monotonic())))
                 pending.remove(host)
             except (OSError, UnicodeError) as error:
                 reasons[host] = getattr(error, "strerror", None) or str(error)

@@ -258,6 +258,7 @@ class MpiPod(CommandPod):
         # watcher or mpirun), nor where the launcher ended the job (a hang, this pod stopped).
         signaled = own.root_cause is not None and own.root_cause.signal is not None
         if self.lost is not None and own.reason in _MPIRUN_CODE and not signaled:
+            self.lost.name_gone(life.plan.wait_hosts, life.plan.ssh_port)
             return self.lost.outcome(f"mpirun on {life.node}") or own
         return own
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from launcher.core import lifecycle
+from launcher.core import lifecycle, netwait
 from launcher.core.outcome import Outcome, RootCause
 from launcher.core.reasons import Reasons
 from launcher.core.supervisor import Child
@@ -49,6 +49,18 @@ class LostWorkers:
                 self.line = self.line or text.strip()[:500]
                 if self.host is None and match.groupdict().get("host"):
                     self.host = _pod(match["host"])
+                return
+
+    def name_gone(self, hosts: tuple[str, ...], port: int) -> None:
+        """Where the output named no host (MPICH's mpiexec may exit before ssh says which), the first
+        worker whose sshd does not answer now: the lost pod, unless its replacement already serves."""
+        if self.line is None or self.host is not None:
+            return
+        for host in hosts:
+            try:
+                netwait.knock(host, port, 1.0)
+            except (OSError, UnicodeError):
+                self.host = _pod(host)
                 return
 
     def outcome(self, what: str) -> Outcome | None:

@@ -9,6 +9,8 @@ FAIL        <ending>@<step>[@<generations>]: process FAIL_ID ends so at that ste
             the launcher's restart count (LAUNCHER_RESTART_COUNT). <ending>: exit:<code> |
             signal:<NAME>
 FAIL_ID     the process that fails (default 1)
+HANG        <step>[@<generations>]: process FAIL_ID stops at that step, for good (default: never)
+PROGRESS    1: every process prints its progress as Katib's "step=N" lines
 STEP_TIME   seconds each step sleeps (default 0)
 REPORT_DIR  each process appends "<generation> <step> <coordinator>" per step done to
             <process id>.steps (the coordinator: JAX_COORDINATOR_ADDRESS as the process saw it), and
@@ -25,7 +27,7 @@ gc.disable()  # the collector paused over the imports (README.md: CI time)
 import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
-from restart_fault import FAIL
+from restart_fault import FAIL, HANG, progress
 
 gc.freeze()
 gc.enable()
@@ -48,6 +50,8 @@ if checkpoint and os.path.exists(checkpoint):
 for step in range(start, steps):
     if me == fail_id and FAIL.due(step, generation):
         FAIL.end()
+    if me == fail_id and HANG.due(step, generation):
+        HANG.end()
     # Each process adds its share; the sum over the world is 1 a step.
     gathered = multihost_utils.process_allgather(jnp.array(1.0 / jax.process_count()))
     weight += float(gathered.sum())
@@ -64,6 +68,7 @@ for step in range(start, steps):
         with open(marker + ".tmp", "w") as handle:
             handle.write(f"{step}\n")
         os.replace(marker + ".tmp", marker)
+    progress(step)
     time.sleep(step_time)
 # Every step added 1: a resumed job that lost or repeated a step says so.
 if me == 0:

@@ -11,6 +11,8 @@ FAIL        <ending>@<step>[@<generations>]: the rank FAIL_RANK ends so at that 
 FAIL_RANK   the rank that fails in generation 0 (default 1); in generation g, the next g-th rank
             (FAIL_RANK + g modulo the world's size), so that each generation's failure is its own
 REPORT_DIR  each rank appends "<generation> <step>" per step done to <rank>.steps
+HANG        <step>[@<generations>]: the failing rank (FAIL_RANK's, as for FAIL) stops at that step, for good
+PROGRESS    1: every rank prints its progress as Katib's "step=N" lines
 PAUSE       seconds each step takes (default 0), so a job outlasts what a test does to it
 """
 
@@ -19,7 +21,7 @@ import os
 import time
 
 from mpi4py import MPI
-from restart_fault import FAIL
+from restart_fault import FAIL, HANG, progress
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
@@ -39,6 +41,8 @@ if checkpoint and os.path.exists(checkpoint):
 for step in range(start, steps):
     if rank == (fail_rank + generation) % comm.Get_size() and FAIL.due(step, generation):
         FAIL.end()
+    if rank == (fail_rank + generation) % comm.Get_size() and HANG.due(step, generation):
+        HANG.end()
     time.sleep(pause)
     weight += comm.allreduce(1.0) / comm.Get_size()
     if report_dir:
@@ -49,6 +53,7 @@ for step in range(start, steps):
             json.dump({"step": step, "weight": weight}, handle)
         os.replace(checkpoint + ".tmp", checkpoint)
     comm.Barrier()  # the checkpoint of this step is down before any rank goes on
+    progress(step)
 # Every step added 1 to the weight: a resumed job that lost or repeated a step says so.
 if rank == 0:
     print(f"done: {steps} steps, weight {weight:g}", flush=True)

@@ -25,7 +25,7 @@ import time
 gc.disable()  # the collector paused over the imports (README.md: CI time)
 import torch
 import torch.distributed as dist
-from restart_fault import FAIL
+from restart_fault import FAIL, HANG, progress
 
 gc.freeze()
 gc.enable()
@@ -38,22 +38,12 @@ steps = int(os.environ.get("STEPS", "12"))
 step_time = float(os.environ.get("STEP_TIME", "0.05"))
 report_dir = os.environ.get("REPORT_DIR")
 fail_rank = int(os.environ.get("FAIL_RANK", "1"))
-hang_step, hang_generations = -1, ()
-if os.environ.get("HANG"):
-    step_text, _, generations_text = os.environ["HANG"].partition("@")
-    hang_step, hang_generations = int(step_text), tuple(int(g) for g in (generations_text or "0").split(","))
-progress = os.environ.get("PROGRESS") == "1"
 
 
 def atomic(path: str, text: str) -> None:
     with open(path + ".tmp", "w") as handle:
         handle.write(text)
     os.replace(path + ".tmp", path)
-
-
-def stuck_forever() -> None:
-    while True:
-        time.sleep(60)
 
 
 dist.init_process_group("gloo")
@@ -66,8 +56,8 @@ for step in range(start, steps):
         if report_dir:
             atomic(os.path.join(report_dir, f"{rank}.fault-{generation}"), repr(time.time()))
         FAIL.end()
-    if rank == fail_rank and step == hang_step and generation in hang_generations:
-        stuck_forever()
+    if rank == fail_rank and HANG.due(step, generation):
+        HANG.end()
     update = torch.ones(64)
     dist.all_reduce(update)
     weights += update / dist.get_world_size()
@@ -76,8 +66,7 @@ for step in range(start, steps):
             atomic(os.path.join(report_dir, f"{rank}.first-{generation}"), repr(time.time()))
         with open(os.path.join(report_dir, f"{rank}.steps"), "a") as log:
             log.write(f"{generation} {step} {launcher_count}\n")
-    if progress:
-        print(f"step={step}", flush=True)
+    progress(step)
     if rank == 0 and checkpoint:
         torch.save({"step": step, "weights": weights}, checkpoint + ".tmp")
         os.replace(checkpoint + ".tmp", checkpoint)

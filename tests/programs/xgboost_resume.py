@@ -10,6 +10,8 @@ FAIL        <ending>@<round>[@<generations>]: task FAIL_TASK ends so as that rou
             generations (comma-separated; default 0: only the first start), the generation being the
             launcher's restart count (LAUNCHER_RESTART_COUNT). <ending>: exit:<code> | signal:<NAME>
 FAIL_TASK   the task that fails (default 1)
+HANG        <round>[@<generations>]: task FAIL_TASK stops as that round begins, for good (default: never)
+PROGRESS    1: every worker prints its progress as Katib's "step=N" lines, a round a step
 ROUND_TIME  seconds each round sleeps once done (default 0), so that a test can act while the job trains
 OUT_DIR     each worker appends "<generation> <round> <DMLC_TRACKER_PORT>" per round done to
             <task>.rounds, writes <task>.first-<generation> (atomically, the first round it did in
@@ -24,7 +26,7 @@ import time
 gc.disable()  # the collector paused over the imports (README.md: CI time)
 import numpy as np
 import xgboost as xgb
-from restart_fault import FAIL
+from restart_fault import FAIL, HANG, progress
 from xgboost import collective
 
 gc.freeze()
@@ -52,6 +54,8 @@ class Checkpoint(xgb.callback.TrainingCallback):
         if task == fail_task and FAIL.due(model.num_boosted_rounds(), generation):
             print(f"task {task} ends ({FAIL.ending}) in generation {generation}", flush=True)
             FAIL.end()
+        if task == fail_task and HANG.due(model.num_boosted_rounds(), generation):
+            HANG.end()
         return False
 
     def after_iteration(self, model, epoch, evals_log):
@@ -65,6 +69,7 @@ class Checkpoint(xgb.callback.TrainingCallback):
             self.first = False
         # Nobody begins the next round before the checkpoint of this one is down.
         collective.allreduce(np.zeros(1), collective.Op.SUM)
+        progress(done)
         time.sleep(round_time)
         return False
 
