@@ -24,6 +24,7 @@ from launcher.core.outcome import (
     Reasons,
     RootCause,
     WaitTimeout,
+    classify,
     evidence_regex,
     signal_name,
     stopped,
@@ -71,6 +72,8 @@ _HOST_KEY_REFUSED = (
     re.compile(r"No \S+ host key is known for (\S+) and you have requested strict checking"),
 )
 _HOST_KEY_FAILED = "Host key verification failed"
+# How long mpirun has to end the job once a rank reported its failure (at least the launcher's grace).
+MPIRUN_ABORT_GRACE = 10.0
 # Verdicts read from mpirun's exit code alone, which a worker pod's loss overrides (launcher.mpi.lost).
 _MPIRUN_CODE = (Reasons.SUCCEEDED, Reasons.FAILED, Reasons.RETRYABLE_EXIT, Reasons.PEER_LOST)
 
@@ -154,6 +157,7 @@ class MpiPod(CommandPod):
         self.base_env: dict[str, str] = {}  # mpirun's environment before each start's own variables
         self.lost: lost.LostWorkers | None = None  # this start's watch for a worker pod's loss
         self.rejoining: str | None = None  # this start waits for the lost worker pod's replacement
+        self.stuck = False  # mpirun outlived a rank's failure report by its grace: the launcher stopped it
 
     def plan(self, life: lifecycle.Life) -> lifecycle.Planned:
         mpi, plan = make_plan(self.mpi_overrides, self.rest, life.launcher)
@@ -224,6 +228,27 @@ class MpiPod(CommandPod):
         if self.child is not None:
             self.lost = lost.LostWorkers(self.child)
             life.supervisor.line_observers.append(self.lost)
+        if self.reports is not None and self._unstuck not in life.supervisor.tickers:
+            self.life = life
+            life.supervisor.tickers.append(self._unstuck)
+
+    def _unstuck(self) -> None:
+        """A rank reported its failure (it aborts the job next), and mpirun still runs after the
+        grace: Open MPI 5's prterun once waited for ever after a second start's MPI_Abort (CI,
+        1 run in 4,000 tests). The launcher stops it; the report is the verdict."""
+        reports, child, supervisor = self.reports, self.child, self.life.supervisor
+        if reports is None or reports.first_at is None or child is None or child.returncode is not None:
+            return
+        grace = max(self.life.launcher.grace_period, MPIRUN_ABORT_GRACE)
+        if self.stuck or supervisor.teardown_started is not None or time.monotonic() < reports.first_at + grace:
+            return
+        self.stuck = True
+        first = reports.received[0]
+        log.warning(
+            f"mpi: mpirun has not ended the job {grace:g}s after rank {first.rank} on {first.node} reported its "
+            "failure; stopping it"
+        )
+        supervisor.begin_teardown()
 
     restarts_in_place = True
 
@@ -232,7 +257,7 @@ class MpiPod(CommandPod):
         stale. The next start's mpirun, listener and verdict are its own."""
         if self.reports is not None:
             self.reports.close()
-        self.reports, self.refused = None, []
+        self.reports, self.refused, self.stuck = None, [], False
 
     def restarts_after(self, life: lifecycle.Life, outcome: Outcome) -> bool:
         """After a lost worker pod too, unless LAUNCHER_REJOIN_TIMEOUT is 0: the next start's
@@ -249,6 +274,8 @@ class MpiPod(CommandPod):
         return root_cause(self.mpi_plan, child, cause, received)
 
     def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
+        if self.reports is not None and self.stuck:  # mpirun's ending is the launcher's doing
+            own = reported_outcome(self.reports.received[0], life.launcher.retryable_exit_codes)
         if self.reports is not None:
             own = with_reported_error(own, self.reports.received, life.launcher)
         if self.refused and own.exit_code != 0:
@@ -318,6 +345,19 @@ def with_reported_error(outcome: Outcome, received: list[Report], launcher: Laun
     if own is not None and own.error:
         extra["error"] = own.error
     return outcome.with_extra(**extra)
+
+
+def reported_outcome(report: Report, codes: frozenset[int]) -> Outcome:
+    """The verdict of a rank's own report, where mpirun's ending says nothing (the launcher stopped it)."""
+    returncode = report.returncode if report.returncode is not None else 1
+    cause = RootCause(
+        node=report.node,
+        rank=report.rank,
+        local_rank=report.local_rank,
+        exit_code=report.exit_code,
+        signal=report.signal,
+    )
+    return classify(returncode, retryable_codes=codes, root_cause=cause, what=f"rank {report.rank} on {report.node}")
 
 
 def root_cause(plan: MpiPlan, child: Child, cause: RootCause, received: list[Report] | None = None) -> RootCause:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 from launcher.core.listener import TokenListener
 from launcher.mpi.rank import REPORT_ENV
@@ -46,6 +47,7 @@ class RankReports(TokenListener):
     def __init__(self, family: int, address: str):
         self._reports: list[Report] = []
         self._lock = threading.Lock()
+        self.first_at: float | None = None  # time.monotonic() when the first report came
         super().__init__(family, address, REPORT_ENV, "rank-reports")
 
     @property
@@ -61,5 +63,7 @@ class RankReports(TokenListener):
                 return
             with self._lock:
                 self._reports.append(report)
+                if self.first_at is None:
+                    self.first_at = time.monotonic()
             with contextlib.suppress(OSError):
                 connection.sendall(b"ok\n")
