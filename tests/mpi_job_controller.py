@@ -60,22 +60,28 @@ def main() -> int:
     workers = [start(out, *cluster.worker(index)) for index in range(2)]
     name, argv, env = cluster.launcher(program)
     launcher = start(out, name, argv, env)
-    wait(lambda: all(os.path.exists(p) for p in when.split(",")) or launcher.poll() is not None, 240,
-         "every pod to train")
-    if launcher.poll() is None:
-        lose(workers[int(lost)])
-        if replace == "yes":
-            workers[int(lost)] = start(out, *cluster.worker(int(lost)))
-    code = launcher.wait(600)
-    for worker in workers:
-        with contextlib.suppress(ProcessLookupError):
-            worker.send_signal(signal.SIGTERM)
-    for worker in workers:
-        worker.wait(60)
-    with contextlib.suppress(FileNotFoundError):
-        shutil.copy(env["LAUNCHER_TERMINATION_LOG"], os.path.join(out, "termination.json"))
-    shutil.rmtree(workdir, ignore_errors=True)
-    return code
+    try:
+        wait(lambda: all(os.path.exists(p) for p in when.split(",")) or launcher.poll() is not None, 240,
+             "every pod to train")
+        if launcher.poll() is None:
+            lose(workers[int(lost)])
+            if replace == "yes":
+                workers[int(lost)] = start(out, *cluster.worker(int(lost)))
+        code = launcher.wait(600)
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):
+                worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.wait(60)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copy(env["LAUNCHER_TERMINATION_LOG"], os.path.join(out, "termination.json"))
+        return code
+    finally:  # a timeout included: nothing of the job outlives this controller
+        for pod in (launcher, *workers):
+            if pod.poll() is None:  # not yet reaped: its pid is still its own
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    lose(pod)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

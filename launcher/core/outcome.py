@@ -18,6 +18,7 @@ import re
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from launcher.core.crash import crash_site, describe
 
@@ -232,6 +233,37 @@ def signal_name(signum: int) -> str:
 def code_for(returncode: int) -> int:
     """A Popen-style return code (negative for a signal) as a shell would report it."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+class RankEnding(Protocol):
+    """How a failing rank ended, in its own word: a rank's report or a stop record
+    (launcher/runner/report.py)."""
+
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def local_rank(self) -> int | None: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def signal(self) -> str | None: ...
+    @property
+    def returncode(self) -> int | None: ...
+
+
+def rank_verdict(ending: RankEnding, codes: frozenset[int]) -> Outcome:
+    """The table's row for a rank's own word (its code, or its signal), naming the rank and its node."""
+    cause = RootCause(
+        node=ending.node,
+        rank=ending.rank,
+        local_rank=ending.local_rank,
+        exit_code=ending.exit_code,
+        signal=ending.signal,
+    )
+    what = f"rank {cause.rank} on {cause.node}" if cause.rank is not None else f"{cause.node}"
+    return classify(ending.returncode or 1, retryable_codes=codes, root_cause=cause, what=what)
 
 
 def classify(

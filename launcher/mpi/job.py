@@ -24,8 +24,8 @@ from launcher.core.outcome import (
     Reasons,
     RootCause,
     WaitTimeout,
-    classify,
     evidence_regex,
+    rank_verdict,
     signal_name,
     stopped,
 )
@@ -275,7 +275,7 @@ class MpiPod(CommandPod):
 
     def conclude(self, life: lifecycle.Life, own: Outcome) -> Outcome:
         if self.reports is not None and self.stuck:  # mpirun's ending is the launcher's doing
-            own = reported_outcome(self.reports.received[0], life.launcher.retryable_exit_codes)
+            own = rank_verdict(self.reports.received[0], life.launcher.retryable_exit_codes)
         if self.reports is not None:
             own = with_reported_error(own, self.reports.received, life.launcher)
         if self.refused and own.exit_code != 0:
@@ -345,19 +345,6 @@ def with_reported_error(outcome: Outcome, received: list[Report], launcher: Laun
     if own is not None and own.error:
         extra["error"] = own.error
     return outcome.with_extra(**extra)
-
-
-def reported_outcome(report: Report, codes: frozenset[int]) -> Outcome:
-    """The verdict of a rank's own report, where mpirun's ending says nothing (the launcher stopped it)."""
-    returncode = report.returncode if report.returncode is not None else 1
-    cause = RootCause(
-        node=report.node,
-        rank=report.rank,
-        local_rank=report.local_rank,
-        exit_code=report.exit_code,
-        signal=report.signal,
-    )
-    return classify(returncode, retryable_codes=codes, root_cause=cause, what=f"rank {report.rank} on {report.node}")
 
 
 def root_cause(plan: MpiPlan, child: Child, cause: RootCause, received: list[Report] | None = None) -> RootCause:

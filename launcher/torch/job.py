@@ -27,6 +27,7 @@ from launcher.core.outcome import (
     classify,
     internal_error,
     last_lines,
+    rank_verdict,
     success,
     terminated,
 )
@@ -479,12 +480,4 @@ def _stopped(report: records.Report, codes: frozenset[int], node: str) -> Outcom
             f"the node serving the job's store at {lost} is gone; {node} stopped its ranks",
             RootCause(node=lost.rsplit(":", 1)[0]),
         )
-    cause = RootCause(
-        node=record.node,
-        rank=record.rank,
-        local_rank=record.local_rank,
-        exit_code=record.exit_code,
-        signal=record.signal,
-    )
-    what = f"rank {cause.rank} on {cause.node}" if cause.rank is not None else f"{cause.node}"
-    return stopped_by(classify(record.returncode or 1, retryable_codes=codes, root_cause=cause, what=what), node)
+    return stopped_by(rank_verdict(record, codes), node)

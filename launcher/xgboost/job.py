@@ -526,4 +526,4 @@ def _tracker_refused(child: Child) -> str | None:
     if child.exit_status != 2:
         return None
     said = next((line for line in reversed(child.tail) if tracker_module.CANNOT_IMPORT in line), None)
-    return said.strip().removeprefix("trainer-launcher: xgboost tracker: ") if said else None
+    return said.strip().removeprefix(tracker_module.SAYS) if said else None

@@ -44,8 +44,11 @@ else:  # run by path: this file's directory is sys.path[0]
     from run import compat, error_line  # type: ignore[import-not-found,no-redef]
 
 
+SAYS = "trainer-launcher: xgboost tracker: "  # what each of its own lines begins with
+
+
 def _say(message: str) -> None:
-    print(f"trainer-launcher: xgboost tracker: {message}", file=sys.stderr, flush=True)
+    print(f"{SAYS}{message}", file=sys.stderr, flush=True)
 
 
 def without_probe_warnings() -> Callable[[], None]:
