@@ -280,8 +280,14 @@ class DataFile:
 
 def plan_dataset(mb: int, tree: str = "mixed") -> list[DataFile]:
     """``mixed``: 400 x 64 KiB + 100 x 1 MiB + 4 x ~32 MiB at --mb 256; counts and the large size
-    scale. ``at-size``: 300 x 256 KiB + 3 x ~256 MiB (0.9 GB; --mb is not used), where the large
+    scale. ``small``: 100 x 64 KiB + 25 x 1 MiB + 4 x ~8 MiB (66 MB). ``many``: 10,000 x 16 KiB. ``at-size``: 300 x 256 KiB + 3 x ~256 MiB (0.9 GB; --mb is not used), where the large
     objects' bodies, not the requests, are the time."""
+    if tree == "small":  # the issue's small tree: what a tokenizer, configs and a few shards look like
+        files = [DataFile(f"small/s{i:04d}.bin", 64 * KIB) for i in range(100)]
+        files += [DataFile(f"medium/m{i:03d}.bin", MIB) for i in range(25)]
+        return files + [DataFile(f"large/l{i}.bin", 8 * MIB + 4099 * i + 1, multipart=True) for i in range(4)]
+    if tree == "many":  # an image folder: 10,000 x 16 KiB in 10 directories, no large file
+        return [DataFile(f"small/d{i // 1000}/s{i:05d}.bin", 16 * KIB) for i in range(10_000)]
     if tree == "at-size":
         files = [DataFile(f"small/s{i:04d}.bin", 256 * KIB) for i in range(300)]
         return files + [DataFile(f"large/l{i}.bin", 256 * MIB + 4099 * i + 1, multipart=True) for i in range(3)]
@@ -664,7 +670,7 @@ def fmt(x: float | None, digits: int = 3) -> str:
 
 def probe_moto(client, server: Server, files: list[DataFile]) -> dict:
     """The server's own ceilings, from this process (boto3, one client)."""
-    big = [f for f in files if f.multipart]
+    big = [f for f in files if f.multipart] or files[-4:]  # a tree without large files: its largest
     small = [f for f in files if f.path.startswith("small/")]
     key = lambda f: f"{PREFIX}/{f.path}"  # noqa: E731
     out: dict = {}
@@ -907,8 +913,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="rounds of runs per method (default 3)")
     parser.add_argument("--mb", type=int, default=256, help="approximate data set size in MB (default 256)")
-    parser.add_argument("--tree", choices=("mixed", "at-size"), default="mixed",
-                        help="mixed: small, medium and large files, scaled by --mb (default); at-size: 300 x 256 KiB "
+    parser.add_argument("--tree", choices=("mixed", "small", "many", "at-size"), default="mixed",
+                        help="mixed: small, medium and large files, scaled by --mb (default); small: 100 x 64 KiB, "
+                             "25 x 1 MiB and 4 x 8 MiB (66 MB); many: 10,000 x 16 KiB; at-size: 300 x 256 KiB "
                              "and 3 x 256 MiB (0.9 GB)")
     parser.add_argument("--concurrency", type=int, default=None, help="pass --concurrency N to ours (default: its own, 8)")
     parser.add_argument("--no-hf", action="store_true", help="skip the hf:// section (same as leaving hf out of --only)")
@@ -960,9 +967,9 @@ def main() -> int:
     n_small = sum(f.path.startswith("small/") for f in files)
     n_medium = sum(f.path.startswith("medium/") for f in files)
     big = [f for f in files if f.multipart]
-    shape = (f"{len(files)} files, {total / 1e6:.1f} MB: {n_small} x {files[0].size // KIB} KiB, "
-             + (f"{n_medium} x 1 MiB, " if n_medium else "") +
-             f"{len(big)} x ~{big[0].size / MIB:.0f} MiB (multipart)")
+    shape = (f"{len(files)} files, {total / 1e6:.1f} MB: {n_small} x {files[0].size // KIB} KiB"
+             + (f", {n_medium} x 1 MiB" if n_medium else "")
+             + (f", {len(big)} x ~{big[0].size / MIB:.0f} MiB (multipart)" if big else ""))
     timeout = 300 + total / 1e6  # a run far past this is a hang
 
     root = tempfile.mkdtemp(prefix="bench-init-")
@@ -1022,14 +1029,15 @@ def main() -> int:
 
             say("\n-- moto's own throughput (the probe: boto3 in this process, medians of 3)")
             probe = probe_moto(client, moto, files)
+            pbig = big or files[-4:]  # what the probe fetched as its big objects (the largest there are)
             single, ranged, parallel = probe["single"], probe["ranged"], probe["parallel"]
-            say(f"  one big get_object().read() ({big[0].size / MIB:.0f} MiB): {single[0]:.0f} MB/s "
+            say(f"  one big get_object().read() ({pbig[0].size / MIB:.0f} MiB): {single[0]:.0f} MB/s "
                 f"(moto {single[1]:.0%} of a core)")
             rw = probe["ranged_whole"]
-            say(f"  the same object as one ranged GET (bytes=0-{big[0].size - 1}): {rw[0]:.0f} MB/s (moto {rw[1]:.0%}); "
+            say(f"  the same object as one ranged GET (bytes=0-{pbig[0].size - 1}): {rw[0]:.0f} MB/s (moto {rw[1]:.0%}); "
                 f"its first 8 MiB as a ranged GET: {ranged[0]:.0f} MB/s (moto {ranged[1]:.0%}) -> an 8 MiB range "
                 f"runs at {ranged[0] / single[0]:.0%} of a plain GET's rate here")
-            say(f"  {len(big)} big GETs at once: {parallel[0]:.0f} MB/s in all (moto {parallel[1]:.0%}) -> "
+            say(f"  {len(pbig)} big GETs at once: {parallel[0]:.0f} MB/s in all (moto {parallel[1]:.0%}) -> "
                 f"{parallel[0] / single[0]:.2f}x one stream")
             say(f"  64 KiB GETs: {probe['small_seq'][0]:.0f}/s one at a time (moto {probe['small_seq'][1]:.0%}), "
                 f"{probe['small_par'][0]:.0f}/s on 8 threads (moto {probe['small_par'][1]:.0%})")
@@ -1254,7 +1262,7 @@ def main() -> int:
             say(f"    - {v}")
         if ours_m:
             say(f"    - ours moves {total / ours_m / 1e6:.0f} MB/s end to end; moto serves one stream at {single[0]:.0f} "
-                f"MB/s and {parallel[0]:.0f} MB/s over {len(big)} streams (probe floor ~{floor:.2f} s)")
+                f"MB/s and {parallel[0]:.0f} MB/s over {len(pbig)} streams (probe floor ~{floor:.2f} s)")
         over = [f for f in files if f.size > 8 * MIB]  # s3transfer's default multipart_threshold
         for m in s3:
             counts = [s3_counts(r.requests) for r in m.runs]
@@ -1265,7 +1273,7 @@ def main() -> int:
         ranged_users = [m.label for m in s3 if m.runs and median([s3_counts(r.requests)[0] for r in m.runs]) > len(files)]
         if ranged_users:
             say(f"    - {', '.join(ranged_users)}: ranged pieces pay moto's slow Range path (an 8 MiB range of a "
-                f"{big[0].size / MIB:.0f} MiB object runs at {ranged[0] / single[0]:.0%} of a plain GET's rate, probe); "
+                f"{pbig[0].size / MIB:.0f} MiB object runs at {ranged[0] / single[0]:.0%} of a plain GET's rate, probe); "
                 f"s3transfer splits the {len(over)} objects over 8 MiB that way")
         up = median(values(s3[1]))
         speed = up / ours_m if up and ours_m else None
@@ -1320,14 +1328,15 @@ def main() -> int:
         x_cps = cps_f / ours_f if cps_f and ours_f else None
         x_adj = cps_f / adj if cps_f and adj else None
         bad = abnormal(local[0]) + abnormal(local[2])
-        met = x_cps is not None and x_cps >= 0.8 and not bad
+        met = x_adj is not None and x_adj >= 1.0 and not bad
         goals.append(met)
-        say(f"  goal (file): ours >= 0.8x `cp -r && sync` (same durability; raw wall times, start-up included) -> "
-            f"{'MET' if met else 'NOT MET'} (ours {fmt(x_cps, 2)}x; floor-adjusted, ours minus {fmt(fl, 2)} s: "
-            f"{fmt(x_adj, 2)}x; against plain cp -r, which leaves dirty pages: {fmt(x_cp, 2)}x)")
+        say(f"  goal (file): ours, net of the start-up floor, >= 1.0x `cp -r && sync` (same durability) -> "
+            f"{'MET' if met else 'NOT MET'} (floor-adjusted, ours minus {fmt(fl, 2)} s: {fmt(x_adj, 2)}x; "
+            f"raw wall times, start-up included: {fmt(x_cps, 2)}x; against plain cp -r, which leaves dirty pages: "
+            f"{fmt(x_cp, 2)}x)")
         rows.append(row(f"file:// (no network): {local[0].label}", local[0], ours_f))
         rows.append(row("file:// (no network): cp -r && sync (same durability)", local[2], ours_f,
-                        "ours >= 0.8x cp -r && sync", "yes" if met else "**no**"))
+                        "ours - floor >= 1.0x cp -r && sync", "yes" if met else "**no**"))
         rows.append(row("file:// (no network): cp -r (no sync)", local[1], ours_f, "(information)", ""))
         if (m := find(local, "base")) is not None:
             rows.append(row(f"file:// (no network): {m.label}", m, ours_f))
@@ -1369,7 +1378,7 @@ def main() -> int:
         f"`{command}`, total {time.perf_counter() - started:.0f} s):\n")
     header = ["Measure", "Median s", "s + sync", "MB/s", "Time / ours", "Client CPU s/GB", "Server CPU s/GB",
               "Exit codes", "Goal", "Met"]
-    size = "at-size" if args.tree == "at-size" else f"mixed-{args.mb}"
+    size = f"mixed-{args.mb}" if args.tree == "mixed" else args.tree
     plot = None
     if s3:
         rates = {m.label: total / v / 1e6 for m in s3 if (v := median(values(m)))}

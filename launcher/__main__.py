@@ -1,5 +1,3 @@
-import sys
+from launcher.cli import run
 
-from launcher.cli import main
-
-sys.exit(main())
+run()

@@ -225,6 +225,14 @@ def _split(argv: list[str], switches: frozenset[str] | None = None) -> tuple[lis
     return argv[:i], argv[i:]
 
 
+def run() -> NoReturn:
+    """The command's entry point (``trainer-launcher``, ``python -m launcher``): :func:`main`, then
+    the process's end (launcher.core.process_exit: everything the launcher started has ended)."""
+    from launcher.core.process_exit import exit_now
+
+    exit_now(main())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. An exception that escapes it is the launcher's own bug: it is reported
     as such (exit 70, LauncherError, with the frame), never as the user's program failing."""

@@ -238,10 +238,10 @@ def test_a_launcher_error_delivers_its_exit_code_and_agrees_with_the_policy(tmp_
 
 def storage_outcome(error: Exception):
     """What ``init`` delivers when its transfer raised ``error``."""
-    from launcher.initializers.job import failure_outcome
+    from launcher.initializers.errors import failure_outcome
     from launcher.initializers.uri import parse_storage_uri
 
-    return failure_outcome(error, parse_storage_uri("s3://datasets/imagenet"), "/workspace/dataset")
+    return failure_outcome(error, parse_storage_uri("s3://datasets/imagenet").shown, "/workspace/dataset")
 
 
 def raised(call) -> Exception:

@@ -23,8 +23,8 @@ from hypothesis import example, given, strategies as st
 from launcher.initializers.engine import Engine
 from launcher.initializers.errors import PermanentError
 from launcher.initializers.state import STATE_DIR
-from launcher.initializers import job
-from launcher.initializers.job import extract
+from launcher.initializers import archive as archive_module
+from launcher.initializers.archive import extract
 from launcher.initializers.s3 import S3Source
 from launcher.initializers.uri import parse_storage_uri
 
@@ -157,7 +157,7 @@ def test_any_archive_extracts_inside_the_data_or_is_refused_in_one_line(tmp_path
                                                                         members, name):
     """Also as on a Python without tarfile's extraction filters (before 3.11.4: Debian bookworm's
     3.11.2, which tests/test_images.py runs for real)."""
-    monkeypatch.setattr(job, "HAS_FILTERS", filters and job.HAS_FILTERS)
+    monkeypatch.setattr(archive_module, "HAS_FILTERS", filters and archive_module.HAS_FILTERS)
     root = tmp_path_factory.mktemp("archive")
     target, beside = root / "dataset", root / "beside"
     (target / STATE_DIR).mkdir(parents=True)

@@ -266,10 +266,10 @@ def test_bad_lease_knobs_are_one_line_and_exit_2(tmp_path, args, env, name, valu
 
 def test_lease_failures_agree_with_the_exit_table(tmp_path):
     from launcher.core.outcome import TRANSIENT, Outcome
-    from launcher.initializers.job import failure_outcome
+    from launcher.initializers.errors import failure_outcome
     from launcher.initializers.uri import parse_storage_uri
 
-    outcome = failure_outcome(lease_module.LeaseTimeout("gave up"), parse_storage_uri("hf://acme/x"), "/t")
+    outcome = failure_outcome(lease_module.LeaseTimeout("gave up"), parse_storage_uri("hf://acme/x").shown, "/t")
     assert outcome.reason == "LeaseTimeout"
     assert_agrees(outcome, tmp_path, TRANSIENT, True)
     assert_agrees(Outcome(TRANSIENT, "LeaseLost", "taken over"), tmp_path, TRANSIENT, True)

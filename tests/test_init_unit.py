@@ -6,6 +6,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tarfile
 import zipfile
 
@@ -14,7 +15,7 @@ import pytest
 from conftest import REPO, clean_env, launcher
 from launcher.initializers.errors import PermanentError
 from launcher.initializers.listing import RemoteFile, refuse_clashes, safe_destination, select
-from launcher.initializers.job import extract, refuse_links_into_state
+from launcher.initializers.archive import extract, refuse_links_into_state
 from launcher.initializers.uri import parse_storage_uri, redact_uri
 from launcher.core.outcome import ConfigError
 
@@ -176,6 +177,47 @@ def test_file_uri_copies_a_directory_and_a_rerun_is_a_no_op(tmp_path):
     assert set(manifest["files"]) == {"config.json", "nested/weights.safetensors"}
     again = run_init("model", {"STORAGE_URI": f"file://{source}"}, "--output", str(out))
     assert again.returncode == 0 and "fetched 0" in again.stderr and "2 already complete" in again.stderr
+
+
+def _run_the_download(tmp_path, word: bytes | None, *python_flags: str) -> subprocess.CompletedProcess:
+    """``python -m launcher.initializers.fetch`` as the initializer's launcher starts it: its go word
+    on a pipe, written whole and closed (None: closed without a word)."""
+    read, write = os.pipe()
+    if word:
+        os.write(write, word)
+    os.close(write)
+    try:
+        return subprocess.run([sys.executable, *python_flags, "-m", "launcher.initializers.fetch", "--go-fd", str(read)],
+                              pass_fds=(read,), env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    finally:
+        os.close(read)
+
+
+def test_the_download_loads_neither_pydantic_nor_an_http_client_for_a_local_source(tmp_path):
+    """The download starts while its launcher loads its settings: pydantic (the launcher's start-up
+    floor) would cost it that floor a second time, in series; file:// needs no HTTP either."""
+    from launcher.initializers.order import Order
+
+    source = tmp_path / "pvc"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "a.bin").write_bytes(os.urandom(100_000))
+    out, handoff = tmp_path / "out", tmp_path / "outcome.json"
+    order = Order(kind="dataset", target=str(out), storage_uri=f"file://{source}")
+    word = {"order": order.to_json(), "log_format": "text", "codes": [138], "handoff": str(handoff)}
+    done = _run_the_download(tmp_path, json.dumps(word).encode(), "-X", "importtime")
+    assert done.returncode == 0, done.stderr
+    assert (out / "sub" / "a.bin").read_bytes() == (source / "sub" / "a.bin").read_bytes()
+    assert json.loads(handoff.read_text())["exitCode"] == 0
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "launcher.initializers.engine" in imported  # the check sees what it imports
+    assert not {"pydantic", "pydantic_settings", "launcher.core.settings", "http.client", "ssl"} & imported
+
+
+def test_the_download_told_nothing_leaves_quietly_having_written_nothing(tmp_path):
+    """Its launcher found bad input, or gave up waiting for the lease: it closes the go pipe unsaid."""
+    done = _run_the_download(tmp_path, None)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_model_initializer_keeps_upstreams_default_ignore_list(tmp_path):

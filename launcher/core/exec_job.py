@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import signal
 import socket
+from typing import TYPE_CHECKING
 
-from launcher.core import judge, lifecycle, settings
+from launcher.core import judge, lifecycle
 from launcher.core.outcome import (
     ConfigError,
     Outcome,
@@ -18,8 +19,10 @@ from launcher.core.outcome import (
     success,
     terminated,
 )
-from launcher.core.settings import Override
 from launcher.core.supervisor import Child
+
+if TYPE_CHECKING:  # pydantic: loaded while what start_early started imports (launcher.initializers.job)
+    from launcher.core.settings import Override
 
 
 def run_exec(
@@ -47,9 +50,11 @@ class CommandPod(lifecycle.Pod):
         return lifecycle.Planned(None, node_name(), "")
 
     def go(self, life: lifecycle.Life) -> None:
+        from launcher.core import settings
+
         env = {
             **(self.env if self.env is not None else settings.environ()),
-            settings.HANDOFF: _handoff(life),
+            settings.HANDOFF: handoff(life),
         }
         if life.watched:
             # Its variables first in order (MPICH's mpiexec may drop the last one), and theirs in value.
@@ -76,7 +81,7 @@ class CommandPod(lifecycle.Pod):
                 raise RuntimeError(f"{self.name}: the command never started, and no signal stopped it")
             return terminated(signum).on_node(node)
         returncode = child.exit_status
-        inner = handed_off(_handoff(life), code_for(returncode))
+        inner = handed_off(handoff(life), code_for(returncode))
         if inner is not None:
             return inner
         if signum is not None and supervisor.first_failure is None:
@@ -85,6 +90,8 @@ class CommandPod(lifecycle.Pod):
             return terminated(signum).on_node(node)
         if returncode == 0:
             return success()
+        from launcher.core import settings
+
         host = settings.load(settings.HostEnv)
         rank = int(host.rank) if host.rank and host.rank.isdigit() else None
         cause = RootCause(
@@ -108,7 +115,7 @@ class CommandPod(lifecycle.Pod):
         return outcome.with_extra(**last_lines(child.tail))
 
 
-def _handoff(life: lifecycle.Life) -> str:
+def handoff(life: lifecycle.Life) -> str:
     """Where a launcher nested in the command hands its outcome over: a file per start in place,
     so an earlier start's is never read as this one's."""
     return life.path(f"outcome-{life.generation}.json" if life.generation else "outcome.json")
@@ -116,4 +123,6 @@ def _handoff(life: lifecycle.Life) -> str:
 
 def node_name() -> str:
     """This pod's name: HOSTNAME, else the kernel's."""
+    from launcher.core import settings
+
     return settings.load(settings.HostEnv).hostname or socket.gethostname()

@@ -11,11 +11,14 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from launcher.core import log, settings
+from launcher.core import log
 from launcher.core.outcome import DEFAULT_RETRYABLE_EXIT_CODES, LauncherError, Outcome, is_retryable
 from launcher.core.redaction import redact
-from launcher.core.settings import LauncherSettings, load
+
+if TYPE_CHECKING:  # pydantic: only where settings are loaded (hand_over's process loads none)
+    from launcher.core.settings import LauncherSettings
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
@@ -23,6 +26,8 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 def run_command(launcher_overrides: dict, body: Callable[[LauncherSettings], Outcome]) -> int:
     """The frame of every subcommand: load the launcher's own knobs, run ``body``, deliver its
     outcome, or the outcome of the launcher error that stopped it."""
+    from launcher.core.settings import LauncherSettings, load
+
     termination_log, codes = None, None
     try:
         launcher = load(LauncherSettings, launcher_overrides)
@@ -45,6 +50,8 @@ def refuse(launcher_overrides: dict, error: LauncherError) -> int:
 def print_plan(launcher_overrides: dict, build: Callable[[LauncherSettings], dict]) -> int:
     """``plan`` and ``policy``: print what ``build(launcher settings)`` returns, as JSON. Bad input
     is one line and exit 2, as everywhere; nothing is written to the termination log."""
+    from launcher.core.settings import LauncherSettings, load
+
     launcher = None
     try:
         launcher = load(LauncherSettings, launcher_overrides)
@@ -83,7 +90,28 @@ def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: froz
     """Log ``outcome``, write its termination message, return its exit code. ``retryable_codes``
     is the launcher's retryable set; None where the launcher's settings could not be loaded (the
     default set, which is also what the shipped runtimes' policy tolerates)."""
+    from launcher.core import settings
+
     codes = DEFAULT_RETRYABLE_EXIT_CODES if retryable_codes is None else retryable_codes
+    outcome = _said(outcome, codes)
+    for observer in tuple(_observers):  # one may forget itself as it is told
+        observer(outcome, codes)
+    write_termination_log(outcome, termination_log, codes)
+    _hand_off(outcome, codes, settings.handoff_path())
+    return outcome.exit_code
+
+
+def hand_over(outcome: Outcome, codes: frozenset[int], path: str) -> int:
+    """What :func:`deliver` does in a launcher's own helper process (the initializer's download),
+    which loads no settings: say the outcome, hand it to the launcher that started it (which writes
+    the termination message), return its exit code."""
+    outcome = _said(outcome, codes)
+    _hand_off(outcome, codes, path)
+    return outcome.exit_code
+
+
+def _said(outcome: Outcome, codes: frozenset[int]) -> Outcome:
+    """``outcome`` redacted, and said: one line (two with its evidence), unless a launcher below said it."""
     retryable = is_retryable(outcome.exit_code, codes)
     outcome = replace(
         outcome,
@@ -105,17 +133,12 @@ def deliver(outcome: Outcome, termination_log: str | None, retryable_codes: froz
         )
         if outcome.evidence:
             log.error(f"evidence: {outcome.evidence}")
-    for observer in tuple(_observers):  # one may forget itself as it is told
-        observer(outcome, codes)
-    write_termination_log(outcome, termination_log, codes)
-    _hand_off(outcome, codes)
-    return outcome.exit_code
+    return outcome
 
 
-def _hand_off(outcome: Outcome, codes: frozenset[int]) -> None:
+def _hand_off(outcome: Outcome, codes: frozenset[int], path: str | None) -> None:
     """Under `trainer-launcher exec`, give it our outcome, so it exits with our detail rather
     than "bash exited with code 3" (complete or absent: written aside, then renamed)."""
-    path = settings.handoff_path()
     if path is None:
         return
     try:

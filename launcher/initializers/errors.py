@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import re
 
-from launcher.core.outcome import LauncherError, Reason, Reasons
+from launcher.core.outcome import LauncherError, Outcome, Reason, Reasons
 
 
 # Storage errors are launcher errors: each names its reason, which gives its exit code (138 for
@@ -88,3 +88,14 @@ def local_source_error(path: str, error: OSError) -> Exception:
     if reason := permanent_os_error(error):
         return PermanentError(f"{path}: {error.strerror}", reason)
     return TransientError(f"{path}: {error.strerror}")
+
+
+def failure_outcome(error: LauncherError | OSError, shown: str, target: str) -> Outcome:
+    """The row of the table of reasons for a failed initialization of ``target`` from ``shown`` (the
+    storage URI, credentials out): what no retry fixes (a permanent storage error, a target the pod
+    may not write or that is full) exits 2, the rest 138. Retryable follows from the code, at delivery."""
+    if isinstance(error, OSError):
+        return LocalIOError(error, target).outcome().with_extra(uri=shown)
+    if isinstance(error, LocalIOError):
+        return error.outcome().with_extra(uri=shown)
+    return error.outcome(f"{shown}: {error}").with_extra(uri=shown)

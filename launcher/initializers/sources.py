@@ -9,7 +9,6 @@ from urllib.parse import quote
 
 from launcher.core.outcome import Reasons
 from launcher.initializers.errors import PermanentError, TransientError, local_source_error
-from launcher.initializers.http import get_range, open_url
 from launcher.initializers.listing import Chunk, RemoteFile
 from launcher.initializers.uri import StorageUri
 
@@ -108,6 +107,8 @@ class HttpsSource:
         self.supports_range = False
 
     def list(self) -> list[RemoteFile]:
+        from launcher.initializers.http import open_url  # http.client, ssl: not for file://
+
         response = open_url(self.url, {}, method="HEAD", what=self.shown)
         response.close()
         length = response.headers.get("Content-Length")
@@ -117,6 +118,8 @@ class HttpsSource:
         return [RemoteFile(name, int(length) if length and length.isdigit() else None, None, version, self.url)]
 
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[Chunk]:
+        from launcher.initializers.http import get_range
+
         return get_range(self.url, {}, start, chunk_size, self.shown, end=end)
 
 
@@ -191,6 +194,8 @@ class HubSource:
 
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[Chunk]:
         from huggingface_hub import constants
+
+        from launcher.initializers.http import get_range
 
         prefix = "datasets/" if self.repo_type == "dataset" else ""
         url = f"{constants.ENDPOINT}/{prefix}{self.repo_id}/resolve/{self.commit}/{quote(file.key)}"
