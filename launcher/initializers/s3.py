@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -148,7 +148,7 @@ class S3Source:
 
         objects = self.call(page_through, f"list s3://{self.bucket}/{self.prefix}")
         base = self.prefix if not self.prefix or self.prefix.endswith("/") else self.prefix + "/"
-        files = []
+        found = []
         for obj in objects:
             key = obj["Key"]
             if key.endswith("/"):
@@ -159,13 +159,12 @@ class S3Source:
                 relative = key[len(base) :]
             else:
                 continue  # s3://b/data also matches data2/...: not below the prefix
-            etag = obj.get("ETag", "").strip('"')
-            checksum: tuple[str, str] | None
-            if etag and "-" not in etag and len(etag) == 32:
-                checksum = ("md5", etag)
-            else:
-                checksum = self._multipart_checksum(key, etag)
-            files.append(RemoteFile(relative, obj["Size"], checksum, etag, key))
+            found.append((relative, obj["Size"], obj.get("ETag", "").strip('"'), key))
+        checksums = _checksums([(key, etag) for _, _, etag, key in found], self._multipart_checksum)
+        files = [
+            RemoteFile(relative, size, checksum, etag, key)
+            for (relative, size, etag, key), checksum in zip(found, checksums, strict=True)
+        ]
         if not files:
             raise PermanentError(f"no objects under s3://{self.bucket}/{self.prefix}", Reasons.NOT_FOUND)
         return files
@@ -282,6 +281,28 @@ class S3Source:
                     f"AWS_CA_BUNDLE={self._ca_bundle}: {error.strerror}", Reasons.CONFIG_ERROR
                 ) from None
         return options
+
+
+def _checksums(
+    objects: list[tuple[str, str]], multipart_checksum: Callable[[str, str], tuple[str, str] | None]
+) -> list[tuple[str, str] | None]:
+    """What each (key, ETag) is checked against: the ETag itself where it is an MD5; a multipart
+    one needs its part size, a HEAD each (``multipart_checksum``), sent 16 at a time (one after
+    the other, 300 multipart objects cost 300 round trips before the first byte)."""
+    checksums: list[tuple[str, str] | None] = [
+        ("md5", etag) if etag and "-" not in etag and len(etag) == 32 else None for _, etag in objects
+    ]
+    multipart = [index for index, checksum in enumerate(checksums) if checksum is None]
+    if len(multipart) == 1:
+        checksums[multipart[0]] = multipart_checksum(*objects[multipart[0]])
+    elif multipart:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(16, len(multipart)), thread_name_prefix="head") as pool:
+            heads = pool.map(lambda index: multipart_checksum(*objects[index]), multipart)
+            for index, found in zip(multipart, heads, strict=True):
+                checksums[index] = found
+    return checksums
 
 
 class _Credentials:
