@@ -422,15 +422,6 @@ def handoff_path() -> str | None:
     return os.environ.get(HANDOFF) or None
 
 
-# Set by a launcher for a process it runs of its own code (the initializer's download): the role
-# that process plays, doing the work itself rather than running a pod's life of its own.
-CHILD_ROLE = "TRAINER_LAUNCHER_CHILD_ROLE"
-
-
-def child_role() -> str | None:
-    return os.environ.get(CHILD_ROLE) or None
-
-
 def environ() -> dict[str, str]:
     """A copy of the environment, for building a child's environment."""
     return dict(os.environ)

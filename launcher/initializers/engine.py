@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from launcher.initializers.checksum import Checksum
-from launcher.initializers.commit import Committer, Done
+from launcher.initializers.commit import Committer, Done, start_writeback
 from launcher.initializers.errors import CorruptDataError, TransientError, local_source_error
 from launcher.initializers.lanes import Lanes
 from launcher.initializers.listing import RemoteFile, Source, refuse_clashes, safe_destination
@@ -302,6 +302,8 @@ class Engine:
             except CorruptDataError:
                 os.unlink(part)
                 raise
+            out.flush()
+            start_writeback(out.fileno())
         return start, checksum, resumed
 
     def _commit(
@@ -373,6 +375,7 @@ class Engine:
             out = os.open(part, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC) | NO_LINK, 0o666)
             try:
                 end = self._kernel_copy(source, out, start, size, progress)
+                start_writeback(out)
             finally:
                 os.close(out)
             if end != size or _identity(os.fstat(source)) != before or _identity(os.lstat(source_path)) != before:
