@@ -901,6 +901,66 @@ def strace_profile(argv: list[str], env: dict, work: str, timeout: float) -> dic
     return found
 
 
+def timeline(argv: list[str], env: dict, work: str, timeout: float) -> list[tuple[str, float]] | None:
+    """One untimed run of ours under ``strace -f --seccomp-bpf`` (only the calls named are stopped
+    on, so the run keeps nearly its speed): when each phase of the run began, in seconds from the
+    start. Where ours' time goes, in the order it goes there."""
+    exe = shutil.which("strace")
+    if not exe:
+        return None
+    os.makedirs(work, exist_ok=True)
+    trace = os.path.join(work, "timeline.txt")
+    calls = "execve,write,syncfs,exit_group"
+    proc = subprocess.Popen([exe, "-f", "--seccomp-bpf", "-ttt", "-s", "40", "-e", f"trace={calls}", "-o", trace,
+                             *argv], env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    RUNNING.add(proc)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    kill_running()
+    if code != 0:
+        say(f"  (the run under strace exited {code}: {tail(trace, 3)})")
+        return None
+    marks: dict[str, float] = {}
+    first = parent = None
+    with open(trace) as handle:
+        for line in handle:
+            pid, at, call = (line.split(maxsplit=2) + ["", "", ""])[:3]
+            if not at.replace(".", "").isdigit():
+                continue
+            when = float(at)
+            if first is None:
+                first, parent = when, pid
+            t = when - first
+            if "launcher.initializers.fetch" in call and call.startswith("execve"):
+                marks.setdefault("the download's process starts (the launcher's imports before it)", t)
+            elif pid == parent and '"order' in call:
+                marks.setdefault("its go word (the launcher: pydantic, validation, the lease)", t)
+            elif call.startswith("syncfs"):
+                marks.setdefault("the first syncfs (listing and copying before it)", t)
+                marks["the last syncfs"] = t
+            elif pid != parent and "exitCode" in call:
+                marks.setdefault("the outcome handed over (the manifest before it)", t)
+            elif pid != parent and call.startswith("exit_group"):
+                marks.setdefault("the download's process exits", t)
+            elif pid == parent and call.startswith("exit_group"):
+                marks["the launcher exits"] = t
+    return sorted(marks.items(), key=lambda item: item[1])
+
+
+def say_timeline(label: str, marks: list[tuple[str, float]] | None) -> None:
+    if not marks:
+        say(f"  timeline of {label}: not available (no strace, or the run failed under it)")
+        return
+    say(f"  timeline of {label} (one run under strace --seccomp-bpf; seconds from its start, and the step before):")
+    last = 0.0
+    for name, at in marks:
+        say(f"    {at:6.3f} s  (+{at - last:.3f})  {name}")
+        last = at
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 def cpu_per_gb(m: Method, attr: str, total: int) -> float | None:
@@ -1101,6 +1161,10 @@ def main() -> int:
             t = time.perf_counter()
             run_section("s3", moto, s3, s3_rerun, s3_argvs, files, total, args.repeat, root, timeout)
             say(f"  ({time.perf_counter() - t:.0f} s; 1-min load incl. these runs {os.getloadavg()[0]:.2f})")
+            marks_out = os.path.join(root, "timeline-s3")
+            argv, env = s3_argvs["ours"](marks_out)
+            say_timeline("ours (S3)", timeline(argv, env, marks_out + ".work", timeout))
+            shutil.rmtree(marks_out, ignore_errors=True)
 
         if "file" in only:
             say("\n-- where ours' time goes without a network: file:// (the same files) into a fresh directory, "
@@ -1118,6 +1182,10 @@ def main() -> int:
             for m in local:
                 say(f"  {m.label:<10}: {m.shown}")
             run_section("file", NoServer(), local, {}, file_argvs, files, total, args.repeat, root, timeout)
+            marks_out = os.path.join(root, "timeline-file")
+            argv, env = file_argvs["ours"](marks_out)
+            say_timeline("ours (file://)", timeline(argv, env, marks_out + ".work", timeout))
+            shutil.rmtree(marks_out, ignore_errors=True)
             disk = probe_disk(files, src, root)
             say(f"  disk probe (this process, medians of 3): the data set copied {disk['plain']:.2f} s without fsync "
                 f"(+{disk['plain_sync']:.2f} s os.sync after), {disk['fsync']:.2f} s with an fsync per file and its "
