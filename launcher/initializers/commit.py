@@ -23,11 +23,15 @@ def _libc():
     return ctypes, ctypes.CDLL(None, use_errno=True)
 
 
-def start_writeback(fd: int) -> None:
+def start_writeback(fd: int, size: int) -> None:
     """Ask the kernel to start writing ``fd``'s dirty pages now, without waiting for them
     (sync_file_range, SYNC_FILE_RANGE_WRITE): the disk writes while the next files are copied, and
-    the batch's syncfs then waits for less. A kernel or C library without it: nothing (the syncfs
-    still makes the file durable; this only moves the disk's work earlier)."""
+    the batch's syncfs then waits for less. Only for a file of ``WRITEBACK_MIN`` bytes or more: a
+    small one is one more system call and one small write of its own, where the syncfs writes many
+    together. A kernel or C library without it: nothing (the syncfs still makes the file durable;
+    this only moves the disk's work earlier)."""
+    if size < WRITEBACK_MIN:
+        return
     ctypes, libc = _libc()
     call = getattr(libc, "sync_file_range", None)
     if call is not None:
@@ -35,6 +39,7 @@ def start_writeback(fd: int) -> None:
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
+WRITEBACK_MIN = 1 << 20
 
 
 def _syncfs(fd: int) -> None:

@@ -303,7 +303,7 @@ class Engine:
                 os.unlink(part)
                 raise
             out.flush()
-            start_writeback(out.fileno())
+            start_writeback(out.fileno(), start)
         return start, checksum, resumed
 
     def _commit(
@@ -375,7 +375,7 @@ class Engine:
             out = os.open(part, os.O_WRONLY | os.O_CREAT | (0 if start else os.O_TRUNC) | NO_LINK, 0o666)
             try:
                 end = self._kernel_copy(source, out, start, size, progress)
-                start_writeback(out)
+                start_writeback(out, size)
             finally:
                 os.close(out)
             if end != size or _identity(os.fstat(source)) != before or _identity(os.lstat(source_path)) != before:
