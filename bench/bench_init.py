@@ -1467,13 +1467,13 @@ def main() -> int:
     header = ["Measure", "Median s", "s + sync", "MB/s", "Time / ours", "Client CPU s/GB", "Server CPU s/GB",
               "Exit codes", "Goal", "Met"]
     size = f"mixed-{args.mb}" if args.tree == "mixed" else args.tree
-    plot = None
-    if s3 or local:  # one plot per record: S3's where it ran, else file://'s
-        scheme, measured = ("S3", s3) if s3 else ("file://", local)
-        rates = {m.label: total / v / 1e6 for m in measured if (v := median(values(m)))}
-        plot = {"group": f"init-{'s3' if s3 else 'file'}-throughput",
-                "title": f"{scheme} download: MB/s (whole command) against the data set's size",
-                "unit": "MB/s", "xlabel": "data set (MB)", "x": round(total / 1e6), "points": rates}
+    plot = []  # a point on each section's line chart: MB/s against the data set's size
+    for scheme, group, measured in (("S3", "s3", s3), ("file://", "file", local)):
+        if measured:
+            rates = {m.label: total / v / 1e6 for m in measured if (v := median(values(m)))}
+            plot.append({"group": f"init-{group}-throughput",
+                         "title": f"{scheme} download: MB/s (whole command) against the data set's size",
+                         "unit": "MB/s", "xlabel": "data set (MB)", "x": round(total / 1e6), "points": rates})
     markdown_table(header, rows, numeric=range(1, 7), record_as=f"init-{size}-{'-'.join(sorted(only))}",
                    title=f"Initializers: {shape}", plot=plot)
     say(f"\nData: {shape}, random bytes, local servers ({', '.join(versions)}), loopback only; "

@@ -58,7 +58,7 @@ def say(text: str = "") -> None:
 
 
 def markdown_table(header: list[str], rows: list[list[str]], numeric: range, record_as: str | None = None,
-                   title: str = "", plot: dict | None = None) -> None:
+                   title: str = "", plot: dict | list[dict] | None = None) -> None:
     """Print a Markdown table; the columns in `numeric` are right-aligned. With ``record_as``, the
     same table goes to bench/results/<record_as>.json (bench/results.py), which the docs render."""
     from results import markdown, record

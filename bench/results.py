@@ -61,12 +61,12 @@ def record(
     numeric: range | list[int] = (),
     *,
     versions: dict[str, str] | None = None,
-    plot: dict | None = None,
+    plot: dict | list[dict] | None = None,
 ) -> str:
     """Write ``bench/results/<name>.json``; returns its path. ``plot``, when given, asks the docs
     for a bar chart: {"title", "unit", "bars": [[label, value], ...]}; or for this run's points on
     a line chart that results sharing its group make together: {"group", "title", "unit",
-    "xlabel", "x", "points": {series: value}}."""
+    "xlabel", "x", "points": {series: value}}, or a list of those (one per line chart)."""
     if any(len(row) != len(header) for row in rows):
         raise ValueError(f"{name}: every row needs {len(header)} cells")
     document = {
@@ -79,7 +79,9 @@ def record(
         "numeric": sorted(numeric),
         "rows": [[str(cell) for cell in row] for row in rows],
     }
-    if plot is not None:
+    if isinstance(plot, list):
+        document["plots"] = plot
+    elif plot is not None:
         document["plot"] = plot
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, f"{name}.json")

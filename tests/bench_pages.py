@@ -21,8 +21,8 @@ PAGE = "docs/benchmark-results.md"
 IMG = "docs/img"
 # The order of the page: the claims first. A result not named here comes after, by name.
 ORDER = (
-    "failure-propagation", "torch", "hang", "init-at-size-s3", "init-mixed-256-s3", "init-mixed-64-s3",
-    "init-mixed-256-file-hf", "export-hf-s3", "mpi", "mpi-root-cause", "mpi-root-cause-pods", "jax",
+    "failure-propagation", "torch", "hang", "init-at-size-file-s3", "init-mixed-256-file-hf-s3",
+    "init-small-file-s3", "init-many-file", "export-hf-s3", "mpi", "mpi-root-cause", "mpi-root-cause-pods", "jax",
     "xgboost-launch", "xgboost-failure",
     "accelerate", "status", "progress-lines",
 )
@@ -144,11 +144,12 @@ def pages() -> dict[str, str]:
             image = f"{IMG}/bench-{result['name']}.svg"
             made[image] = bar_chart(plot)
             lines += [f"![{plot['title']}](img/bench-{result['name']}.svg)", ""]
-        elif plot and "group" in plot:
-            group = groups.setdefault(plot["group"], {"title": plot["title"], "unit": plot["unit"],
-                                                      "xlabel": plot["xlabel"], "points": {}})
-            for series, value in plot["points"].items():
-                group["points"].setdefault(series, []).append((plot["x"], value))
+        # A run's points on the line charts of their groups: one plot, or a list (one per section).
+        for point in result.get("plots") or ([plot] if plot and "group" in plot else []):
+            group = groups.setdefault(point["group"], {"title": point["title"], "unit": point["unit"],
+                                                       "xlabel": point["xlabel"], "points": {}})
+            for series, value in point["points"].items():
+                group["points"].setdefault(series, []).append((point["x"], value))
     for name, group in sorted(groups.items()):
         image = f"{IMG}/bench-{name}.svg"
         made[image] = line_chart(group["title"], group["unit"], group["xlabel"], group["points"])
