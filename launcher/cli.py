@@ -227,10 +227,20 @@ def _split(argv: list[str], switches: frozenset[str] | None = None) -> tuple[lis
 
 def run() -> NoReturn:
     """The command's entry point (``trainer-launcher``, ``python -m launcher``): :func:`main`, then
-    the process's end (launcher.core.process_exit: everything the launcher started has ended)."""
-    from launcher.core.process_exit import exit_now
+    the process's end. ``init`` ends at once (launcher.core.process_exit: its time is measured
+    against cp and s5cmd, and nothing it started is left); every other command through the
+    interpreter's usual exit, whose pace the pods of one job emulated by ``local`` were tested
+    with (a pod that ended 0.1 s sooner got its peer stopped by ``local`` before that peer had
+    judged its own process's ending)."""
+    code = main()
+    if _ran == "init":
+        from launcher.core.process_exit import exit_now
 
-    exit_now(main())
+        exit_now(code)
+    sys.exit(code)
+
+
+_ran: str | None = None  # the subcommand main() ran
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,6 +273,8 @@ def _dispatch(argv: list[str]) -> int:
     parser = _parser(commands)
     head, rest = _split(argv, _switches(parser))
     args = parser.parse_args(head)
+    global _ran
+    _ran = args.command
     overrides = {**given(args, KNOBS), **given(args, EXPORT_KNOBS)}
     if args.command in commands:
         return commands[args.command].run(args, overrides, rest)

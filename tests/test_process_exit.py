@@ -3,6 +3,7 @@ loses nothing by it: real processes, their exit code and what they printed."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -38,10 +39,19 @@ def test_a_thread_still_working_is_waited_for():
     assert (done.returncode, done.stdout) == (4, "the thread finished\n")
 
 
-def test_the_command_exits_with_its_code_and_its_output_whole():
-    """``trainer-launcher`` and ``python -m launcher`` end this way: the plan still reaches a pipe whole."""
-    done = subprocess.run([sys.executable, "-m", "launcher", "plan", "--", "python3", "/job/train.py"],
-                          env=clean_env(PET_NNODES="2", PET_NODE_RANK="1", PET_MASTER_ADDR="tj-node-0-0.tj"),
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+def test_an_initializer_exits_with_its_code_and_its_output_whole(tmp_path):
+    """``trainer-launcher init`` ends this way: its lines still reach a pipe whole, its files are there."""
+    source = tmp_path / "pvc"
+    source.mkdir()
+    (source / "a.bin").write_bytes(os.urandom(70_000))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "launcher", "init", "dataset", "--output", str(out)],
+                          env=clean_env(STORAGE_URI=f"file://{source}"), cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.rstrip().endswith("}") and '"nodeRank": 1' in done.stdout
+    last = done.stderr.splitlines()[-1]
+    assert "1 files, fetched 1 (" in last and " already complete, in " in last and last.endswith("s"), done.stderr
+    assert (out / "a.bin").read_bytes() == (source / "a.bin").read_bytes()
+    bad = subprocess.run([sys.executable, "-m", "launcher", "init", "dataset"], env=clean_env(), cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.rstrip("\n").endswith("(permanent, ConfigError)"), bad.stderr
