@@ -872,6 +872,20 @@ def probe_disk(files: list[DataFile], src: str, root: str) -> dict:
     return out
 
 
+def under_strace(argv: list[str], env: dict, timeout: float) -> int | None:
+    """Run ``argv`` (strace and the command it traces) untimed, its output dropped; its exit code,
+    None when it ran past ``timeout`` (then it is killed)."""
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    RUNNING.add(proc)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    kill_running()
+    return code
+
+
 def strace_profile(argv: list[str], env: dict, work: str, timeout: float) -> dict[str, tuple[int, float]] | None:
     """One untimed run under ``strace -f -c -w``: {syscall: (calls, seconds of wall time in it,
     summed over threads)} for the file-system calls that cost on a disk."""
@@ -881,16 +895,7 @@ def strace_profile(argv: list[str], env: dict, work: str, timeout: float) -> dic
     os.makedirs(work, exist_ok=True)
     report = os.path.join(work, "strace.txt")
     calls = "fsync,fdatasync,rename,renameat,renameat2,openat,unlink,unlinkat"
-    proc = subprocess.Popen([exe, "-f", "-c", "-w", "-e", f"trace={calls}", "-o", report, *argv], env=env, cwd=REPO,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    RUNNING.add(proc)
-    try:
-        code = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        code = None
-    kill_running()
-    if code != 0:
+    if under_strace([exe, "-f", "-c", "-w", "-e", f"trace={calls}", "-o", report, *argv], env, timeout) != 0:
         return None
     found = {}
     with open(report) as handle:
@@ -911,15 +916,8 @@ def timeline(argv: list[str], env: dict, work: str, timeout: float) -> list[tupl
     os.makedirs(work, exist_ok=True)
     trace = os.path.join(work, "timeline.txt")
     calls = "execve,write,syncfs,exit_group"
-    proc = subprocess.Popen([exe, "-f", "--seccomp-bpf", "-ttt", "-s", "40", "-e", f"trace={calls}", "-o", trace,
-                             *argv], env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    RUNNING.add(proc)
-    try:
-        code = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        code = None
-    kill_running()
+    code = under_strace([exe, "-f", "--seccomp-bpf", "-ttt", "-s", "40", "-e", f"trace={calls}", "-o", trace, *argv],
+                        env, timeout)
     if code != 0:
         say(f"  (the run under strace exited {code}: {tail(trace, 3)})")
         return None

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from launcher.core.workers import on_lanes
 from launcher.export.checksum import digest
 from launcher.export.tree import LocalFile
 from launcher.initializers.errors import TransientError
@@ -90,41 +91,8 @@ def _hash_all(
         forms, part = target.forms(file, existing[file.path])
         digests[file.path] = digest(file.real, file.size, forms, part)
 
-    on_lanes(files, one, concurrency)
+    on_lanes(files, one, concurrency, name="export-lane")
     return digests
-
-
-def on_lanes(items: list, work: Callable, lanes: int, stop: threading.Event | None = None) -> None:
-    """``work`` over ``items`` on ``lanes`` threads; the first exception stops the rest (those
-    under way finish) and is raised here. Daemon threads: a pod told to stop exits at once, and
-    never waits for an upload under way to end."""
-    stop = stop or threading.Event()
-    queue = list(reversed(items))
-    failed: list[BaseException] = []
-    lock = threading.Lock()
-
-    def lane() -> None:
-        while not stop.is_set():
-            with lock:
-                if not queue:
-                    return
-                item = queue.pop()
-            try:
-                work(item)
-            except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
-                with lock:
-                    failed.append(error)
-                stop.set()
-
-    threads = [
-        threading.Thread(target=lane, daemon=True, name="export-lane") for _ in range(max(1, min(lanes, len(items))))
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failed:
-        raise failed[0]
 
 
 def backoff(attempt: int, first: float = 0.25) -> None:
@@ -157,4 +125,4 @@ def each(
                     raise
                 backoff(attempt)
 
-    on_lanes(files, with_retries, lanes, stop)
+    on_lanes(files, with_retries, lanes, stop, name="export-lane")

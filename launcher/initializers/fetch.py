@@ -19,7 +19,7 @@ import os
 import sys
 
 from launcher.core import log
-from launcher.core.outcome import Outcome, Reasons
+from launcher.core.outcome import Outcome, Reasons, internal_error
 from launcher.core.report import hand_over
 from launcher.initializers import archive
 from launcher.initializers.engine import Engine, Summary
@@ -42,7 +42,14 @@ def main(argv: list[str]) -> int:
         return 0
     said = json.loads(word)
     log.configure(said["log_format"])
-    return hand_over(fetch(Order.from_json(said["order"])), frozenset(said["codes"]), said["handoff"])
+    try:
+        outcome = fetch(Order.from_json(said["order"]))
+    except Exception as error:  # noqa: BLE001 - the launcher's own bug: 70, as launcher.cli reports one
+        import traceback
+
+        traceback.print_exc()
+        outcome = internal_error(error)
+    return hand_over(outcome, frozenset(said["codes"]), said["handoff"])
 
 
 def _load_ahead(storage_uri: str) -> None:
