@@ -29,16 +29,25 @@ def env(server, endpoint, **extra):
             "SECRET_ACCESS_KEY": SECRET, **extra}
 
 
-def test_bodies_come_through_the_native_client_and_the_listing_through_boto3(s3_server, corpus, fault_proxy, tmp_path):
+@pytest.mark.parametrize("keys", ["given", "boto3's chain"])
+def test_bodies_come_through_the_native_client_and_the_listing_through_ours_or_boto3(s3_server, corpus, fault_proxy,
+                                                                                     tmp_path, keys):
+    """With the keys given, the listing is the launcher's own (no boto3 loaded); with credentials
+    only boto3's chain finds (here AWS_ACCESS_KEY_ID), boto3 lists. obstore fetches the bodies."""
     proxy = fault_proxy(s3_server.endpoint)
     out = tmp_path / "out"
-    result = init("dataset", env(s3_server, proxy.endpoint), out)
+    variables = env(s3_server, proxy.endpoint)
+    if keys != "given":
+        variables["AWS_ACCESS_KEY_ID"] = variables.pop("ACCESS_KEY_ID")
+        variables["AWS_SECRET_ACCESS_KEY"] = variables.pop("SECRET_ACCESS_KEY")
+    result = init("dataset", variables, out)
     assert result.returncode == 0, result.stderr
     assert files_under(out) == {k.removeprefix("corpus/"): v for k, v in DATA.items()}
     bodies = [agent for method, path, agent in proxy.agents if method == "GET" and "list-type" not in path]
     listings = [agent for method, path, agent in proxy.agents if "list-type" in path]
     assert len(bodies) == len(DATA) and all(agent.startswith("object_store") for agent in bodies), bodies
-    assert listings and all("Boto3" in agent for agent in listings), listings
+    lister = "trainer-launcher/" if keys == "given" else "Boto3"
+    assert listings and all(lister in agent for agent in listings), listings
 
 
 @pytest.mark.parametrize(("status", "code", "reason"), [

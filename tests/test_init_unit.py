@@ -220,21 +220,30 @@ def test_the_download_told_nothing_leaves_quietly_having_written_nothing(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_for_s3_the_download_loads_its_client_while_it_waits_and_says_nothing(tmp_path):
-    """boto3, botocore's model of S3 and obstore load before the go word (they are the larger part
-    of an S3 download's start); no request goes out, and told nothing it still leaves quietly."""
+@pytest.mark.parametrize(("credentials", "boto3"), [
+    ({}, True),  # boto3's own chain finds them
+    ({"ACCESS_KEY_ID": "id", "SECRET_ACCESS_KEY": "secret", "ROLE_ARN": "arn:aws:iam::1:role/r"}, True),
+    ({"ACCESS_KEY_ID": "id", "SECRET_ACCESS_KEY": "secret"}, False),  # the Trainer's initializer: no boto3
+])
+def test_for_s3_the_download_loads_its_client_while_it_waits_and_says_nothing(tmp_path, credentials, boto3):
+    """S3's client loads before the go word (the larger part of an S3 download's start): obstore
+    always; boto3 and botocore's model of S3 only where the credentials need them. No request goes
+    out, and told nothing the download still leaves quietly."""
     read, write = os.pipe()
     os.close(write)
     try:
         done = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher.initializers.fetch", "--go-fd",
-                               str(read)], pass_fds=(read,), env=clean_env(STORAGE_URI="s3://bucket/data"), cwd=REPO,
-                              capture_output=True, text=True, timeout=120)
+                               str(read)], pass_fds=(read,), env=clean_env(STORAGE_URI="s3://bucket/data",
+                                                                          **credentials),
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
     finally:
         os.close(read)
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert (done.returncode, done.stdout) == (0, "")
     assert [line for line in done.stderr.splitlines() if not line.startswith("import time:")] == []
-    assert {"boto3", "botocore.session", "obstore.store", "launcher.initializers.s3"} <= imported
+    assert {"obstore.store", "launcher.initializers.s3"} <= imported
+    assert ({"boto3", "botocore.session"} <= imported) is boto3, imported & {"boto3", "botocore.session"}
+    assert ("launcher.initializers.s3_rest" in imported) is not boto3
 
 
 def test_the_model_initializer_keeps_upstreams_default_ignore_list(tmp_path):

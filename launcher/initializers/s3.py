@@ -55,6 +55,29 @@ _NO_CREDENTIALS = "no credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY
 _loader = None  # botocore's model loader, shared by this process's sessions
 
 
+def given_keys(settings) -> bool:
+    """Whether the keys are given and are the credentials (no role to assume with them): then the
+    listing and the HEADs go without boto3 (launcher.initializers.s3_rest)."""
+    return bool(settings.access_key_id and settings.secret_access_key and not settings.role_arn)
+
+
+def _region(region: str | None) -> str:
+    return "us-east-1" if region in (None, "", "auto") else region
+
+
+def classify(status: int, code: str, what: str) -> Exception:
+    """An S3 error reply (HTTP status, S3's error code) as the exit table sorts it."""
+    if code == "InvalidRange":
+        return CorruptDataError(f"{what}: the partial file is longer than the object")
+    if code in S3_PERMANENT_CODES:
+        return PermanentError(f"{what}: {code}", S3_PERMANENT_CODES[code])
+    if status in (401, 403):
+        return PermanentError(f"{what}: {code}", Reasons.AUTH_FAILED)
+    if status and status < 500 and status != 429:
+        return PermanentError(f"{what}: {code or status}", Reasons.STORAGE_ERROR)
+    return TransientError(f"{what}: {code or status}")
+
+
 def _session(**credentials):
     """A boto3 session of its own (its own credentials) that reads botocore's service models once
     a process: a new session otherwise parses them again, about 0.1 s each."""
@@ -70,13 +93,17 @@ def _session(**credentials):
     return boto3.session.Session(botocore_session=core, **credentials)
 
 
-def warm() -> None:
-    """Load what any S3 client of this process needs, by making one that is never used: boto3,
-    botocore's model of S3 and its endpoints (the first client costs about 0.2 s after the
-    imports, the next one 0.02 s), and obstore. No request is sent: the credentials are given."""
+def warm(keys_given: bool) -> None:
+    """Load what this process's S3 source will need: obstore, and the standard library's client
+    where the keys are given; else boto3 and botocore's model of S3 and its endpoints, by making
+    a client that is never used (the first client costs about 0.2 s after the imports, the next
+    one 0.02 s). No request is sent."""
     import obstore.store  # noqa: F401
 
-    _session(region_name="us-east-1", aws_access_key_id="warm", aws_secret_access_key="warm").client("s3")
+    if keys_given:
+        import launcher.initializers.s3_rest  # noqa: F401
+    else:
+        _session(region_name="us-east-1", aws_access_key_id="warm", aws_secret_access_key="warm").client("s3")
 
 
 class S3Source:
@@ -85,23 +112,57 @@ class S3Source:
     supports_range = True
 
     def __init__(self, uri: StorageUri, settings):
+        self.bucket, self.prefix = uri.authority, uri.path
+        self._settings = settings
+        self._endpoint, self._region = settings.endpoint, _region(settings.region)
+        self._ca_bundle = settings.ca_bundle
+        self._store = None
+        self._store_lock = threading.Lock()
+        self._boto3 = None  # (session, client), made on first use
+        self._boto3_lock = threading.Lock()
+        self.rest = None  # the listing and HEADs without boto3, where the keys are given
+        if given_keys(settings):
+            from launcher.initializers.s3_rest import S3Rest
+
+            self.rest = S3Rest(
+                self.bucket,
+                settings.access_key_id,
+                settings.secret_access_key,
+                self._region,
+                self._endpoint,
+                self._ca_bundle,
+                classify,
+            )
+
+    @property
+    def client(self):
+        """boto3's client: for a role, boto3's own credential chain, the export, and the keys
+        obstore cannot read. Made on first use, under the lock the engine's threads share."""
+        return self._boto3_pair()[1]
+
+    def _boto3_pair(self):
+        with self._boto3_lock:
+            if self._boto3 is None:
+                self._boto3 = self._make_boto3()
+            return self._boto3
+
+    def _make_boto3(self):
         from botocore.config import Config
 
-        self.bucket, self.prefix = uri.authority, uri.path
+        settings, region = self._settings, self._region
         session_args = {}
         if settings.access_key_id and settings.secret_access_key:
             session_args = {
                 "aws_access_key_id": settings.access_key_id,
                 "aws_secret_access_key": settings.secret_access_key,
             }
-        region = None if settings.region in (None, "", "auto") else settings.region
         config = Config(
             retries={"max_attempts": 3, "mode": "standard"},
             max_pool_connections=64,
             connect_timeout=10,
             read_timeout=60,
         )
-        session = _session(region_name=region or "us-east-1", **session_args)
+        session = _session(region_name=region, **session_args)
         if settings.role_arn:
             sts = session.client("sts", endpoint_url=settings.endpoint, config=config)
             creds = self.call(
@@ -111,13 +172,9 @@ class S3Source:
                 aws_access_key_id=creds["AccessKeyId"],
                 aws_secret_access_key=creds["SecretAccessKey"],
                 aws_session_token=creds["SessionToken"],
-                region_name=region or "us-east-1",
+                region_name=region,
             )
-        self.client = session.client("s3", endpoint_url=settings.endpoint, config=config)
-        self._session, self._endpoint, self._region = session, settings.endpoint, region or "us-east-1"
-        self._ca_bundle = settings.ca_bundle
-        self._store = None
-        self._store_lock = threading.Lock()
+        return session, session.client("s3", endpoint_url=settings.endpoint, config=config)
 
     @staticmethod
     def call(function, what: str):
@@ -128,15 +185,7 @@ class S3Source:
         except ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            if code == "InvalidRange":
-                raise CorruptDataError(f"{what}: the partial file is longer than the object") from None
-            if code in S3_PERMANENT_CODES:
-                raise PermanentError(f"{what}: {code}", S3_PERMANENT_CODES[code]) from None
-            if status in (401, 403):
-                raise PermanentError(f"{what}: {code}", Reasons.AUTH_FAILED) from None
-            if status and status < 500 and status != 429:
-                raise PermanentError(f"{what}: {code or status}", Reasons.STORAGE_ERROR) from None
-            raise TransientError(f"{what}: {code or status}") from None
+            raise classify(status, code, what) from None
         except BotoCoreError as error:
             name = type(error).__name__
             if refused := refused_certificate(error, what, "AWS_CA_BUNDLE"):
@@ -146,7 +195,11 @@ class S3Source:
                 raise PermanentError(f"{what}: {said}", reason) from None
             raise TransientError(f"{what}: {name}") from None
 
-    def list(self) -> list[RemoteFile]:
+    def _objects(self) -> list[tuple[str, int, str]]:
+        """(key, size, ETag) of every object under the prefix."""
+        if self.rest is not None:
+            return self.rest.listing(self.prefix)
+
         def page_through() -> list[dict]:
             paginator = self.client.get_paginator("list_objects_v2")
             return [
@@ -156,10 +209,12 @@ class S3Source:
             ]
 
         objects = self.call(page_through, f"list s3://{self.bucket}/{self.prefix}")
+        return [(o["Key"], o["Size"], o.get("ETag", "").strip('"')) for o in objects]
+
+    def list(self) -> list[RemoteFile]:
         base = self.prefix if not self.prefix or self.prefix.endswith("/") else self.prefix + "/"
         found = []
-        for obj in objects:
-            key = obj["Key"]
+        for key, size, etag in self._objects():
             if key.endswith("/"):
                 continue  # a "directory" marker
             if key == self.prefix:
@@ -168,7 +223,7 @@ class S3Source:
                 relative = key[len(base) :]
             else:
                 continue  # s3://b/data also matches data2/...: not below the prefix
-            found.append((relative, obj["Size"], obj.get("ETag", "").strip('"'), key))
+            found.append((relative, size, etag, key))
         checksums = _checksums([(key, etag) for _, _, etag, key in found], self._multipart_checksum)
         files = [
             RemoteFile(relative, size, checksum, etag, key)
@@ -184,10 +239,15 @@ class S3Source:
         if not re.fullmatch(r"[0-9a-f]{32}-\d+", etag):
             return None
         try:
-            head = self.call(lambda: self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=1), f"head {key}")
+            if self.rest is not None:
+                part_size = self.rest.part_size(key)
+            else:
+                head = self.call(
+                    lambda: self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=1), f"head {key}"
+                )
+                part_size = head.get("ContentLength")
         except (TransientError, PermanentError):
             return None
-        part_size = head.get("ContentLength")
         return (f"s3-multipart:{part_size}", etag) if part_size else None
 
     def read(self, file: RemoteFile, start: int, chunk_size: int, end: int | None = None) -> Iterator[Chunk]:
@@ -251,17 +311,23 @@ class S3Source:
                     },
                 }
                 where = {"endpoint": self._endpoint, "virtual_hosted_style_request": False} if self._endpoint else {}
-                credentials = self._session.get_credentials()
-                signing = (
-                    {"credential_provider": _Credentials(credentials)} if credentials else {"skip_signature": True}
-                )
+                if given_keys(self._settings):
+                    signing = {
+                        "access_key_id": self._settings.access_key_id,
+                        "secret_access_key": self._settings.secret_access_key,
+                    }
+                else:
+                    credentials = self._boto3_pair()[0].get_credentials()
+                    signing = (
+                        {"credential_provider": _Credentials(credentials)} if credentials else {"skip_signature": True}
+                    )
                 # Over TLS a body goes unsigned: its SHA-256 would be one more pass over every byte.
                 # boto3 does the same where the body is verified otherwise (the export compares
                 # each ETag); over plain HTTP, as boto3, it is signed.
                 tls = not (self._endpoint or "").startswith("http://")
                 self._store = S3Store(
                     self.bucket,
-                    region=self._region,
+                    region=self.rest.region if self.rest is not None else self._region,
                     client_options=options,
                     retry_config=retry,
                     unsigned_payload=tls,
