@@ -156,7 +156,7 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._saved: dict[int, _Handler] = {}
-        self._psutil: ModuleType | None = None  # imported on entering
+        self._psutil: ModuleType | None = None  # imported when the loop first serves
         self._saved_wakeup = -1
         # Watchers of the job (its monitor): each output line, and each turn of the loop.
         self.line_observers: list[Callable[[Child, str], None]] = []
@@ -165,9 +165,6 @@ class Supervisor:
     # --- lifecycle -----------------------------------------------------------------------------
 
     def __enter__(self) -> Supervisor:
-        import psutil  # now, while children start, not on the exit path
-
-        self._psutil = psutil
         set_child_subreaper()
         for sig in (*TERMINATING, *FORWARDED_ONLY, signal.SIGCHLD):
             self._saved[sig] = signal.signal(sig, _note_signal)
@@ -277,6 +274,7 @@ class Supervisor:
 
     def run(self) -> list[Child]:
         """Serve until every child has exited and nothing below us lives; return the exits."""
+        self._load_psutil()  # while the children run, not on the exit path
         while any(c.returncode is None and not c.standby for c in self.children):
             self.poll(self._timeout())
         if self._descendants():  # orphans: daemons a child left behind
@@ -412,11 +410,18 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
+    def _load_psutil(self) -> ModuleType:
+        """psutil (20 ms to import), once the children are started: a pod's start (an
+        initializer's go word) does not wait for it."""
+        if self._psutil is None:
+            import psutil
+
+            self._psutil = psutil
+        return self._psutil
+
     def _descendants(self) -> list[int]:
         """Live processes below us (zombies excluded: the next reap takes them)."""
-        psutil = self._psutil
-        if psutil is None:
-            raise RuntimeError("the supervisor looks for descendants outside its `with` block")
+        psutil = self._load_psutil()
         try:
             found = psutil.Process().children(recursive=True)
         except psutil.Error:
