@@ -243,14 +243,17 @@ def run() -> NoReturn:
     with (a pod that ended 0.1 s sooner got its peer stopped by ``local`` before that peer had
     judged its own process's ending)."""
     code = main()
-    if _ran == "init":
+    if _is_init(sys.argv[1:]):
         from launcher.core.process_exit import exit_now
 
         exit_now(code)
     sys.exit(code)
 
 
-_ran: str | None = None  # the subcommand main() ran
+def _is_init(argv: list[str]) -> bool:
+    """Whether the command line runs ``init`` (its subcommand comes first: the only option before
+    a subcommand is ``--version``, which ends the run)."""
+    return argv[:1] == ["init"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,13 +282,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    only_init = argv[:1] == ["init"]
+    only_init = _is_init(argv)
     commands = {} if only_init else frameworks(plugins=may_name_a_plugin(argv))
     parser = _parser(commands, only_init)
     head, rest = _split(argv, _switches(parser))
     args = parser.parse_args(head)
-    global _ran
-    _ran = args.command
     overrides = {**given(args, KNOBS), **given(args, EXPORT_KNOBS)}
     if args.command in commands:
         return commands[args.command].run(args, overrides, rest)

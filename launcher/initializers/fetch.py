@@ -63,8 +63,8 @@ def _load_ahead(storage_uri: str) -> None:
         if scheme == "s3":
             from launcher.initializers import s3
 
-            keys = ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY")
-            s3.warm(all(os.environ.get(name) for name in keys) and not os.environ.get("ROLE_ARN"))
+            names = ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "ROLE_ARN")
+            s3.warm(s3.given_keys(*(os.environ.get(name) for name in names)))
         elif scheme in ("hf", "https", "http"):
             import importlib
 

@@ -55,10 +55,10 @@ _NO_CREDENTIALS = "no credentials found: set ACCESS_KEY_ID and SECRET_ACCESS_KEY
 _loader = None  # botocore's model loader, shared by this process's sessions
 
 
-def given_keys(settings) -> bool:
+def given_keys(access_key_id: str | None, secret_access_key: str | None, role_arn: str | None) -> bool:
     """Whether the keys are given and are the credentials (no role to assume with them): then the
     listing and the HEADs go without boto3 (launcher.initializers.s3_rest)."""
-    return bool(settings.access_key_id and settings.secret_access_key and not settings.role_arn)
+    return bool(access_key_id and secret_access_key and not role_arn)
 
 
 def _region(region: str | None) -> str:
@@ -121,7 +121,7 @@ class S3Source:
         self._boto3 = None  # (session, client), made on first use
         self._boto3_lock = threading.Lock()
         self.rest = None  # the listing and HEADs without boto3, where the keys are given
-        if given_keys(settings):
+        if given_keys(settings.access_key_id, settings.secret_access_key, settings.role_arn):
             from launcher.initializers.s3_rest import S3Rest
 
             self.rest = S3Rest(
@@ -311,7 +311,7 @@ class S3Source:
                     },
                 }
                 where = {"endpoint": self._endpoint, "virtual_hosted_style_request": False} if self._endpoint else {}
-                if given_keys(self._settings):
+                if self.rest is not None:  # the keys are given
                     signing = {
                         "access_key_id": self._settings.access_key_id,
                         "secret_access_key": self._settings.secret_access_key,
