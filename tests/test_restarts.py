@@ -228,8 +228,10 @@ def test_a_lost_pod_replaced_rejoins_and_every_pod_finishes_from_the_checkpoint(
     restarted = survivor.termination()["restarts"]
     assert [(r["generation"], r["reason"], r["exitCode"]) for r in restarted] == [(0, "PeerLost", 138)], restarted
     assert restarted[0]["rootCause"]["node"] in (f"job-node-0-{lost}", "127.0.0.1"), restarted
-    done = (pods[1] if lost == 1 else replacement).stdout  # rank 0 is on node 0
-    assert f"done: {steps} steps, weights {steps}" in done, done[-2000:]  # no step lost, none done twice
+    # Rank 0 says it: on node 0 with the static rendezvous, but c10d ranks the pods in an order of
+    # its own (not PET_NODE_RANK), so after the rejoin it may be on either. No step lost, none twice:
+    done = survivor.stdout + replacement.stdout
+    assert done.count(f"done: {steps} steps, weights {steps}") == 1, done[-2000:]
     for rank in (0, 1, 2, 3):
         later = [d for d in _steps(report_dir, rank) if d[0] == 1]
         assert later and {d[2] for d in later} == {"1"}, later  # generation 1, as torch and the launcher say

@@ -38,20 +38,21 @@ def test_the_signature_is_botocores_for_the_same_request(monkeypatch, method, ur
     assert ours["authorization"] == request.headers["Authorization"]
 
 
-def _rest(server, secret=None) -> S3Rest:
-    return S3Rest("private", server.access_key_id, secret or server.secret_access_key, "us-east-1", server.endpoint,
+def _rest(server, bucket: str, secret=None) -> S3Rest:
+    return S3Rest(bucket, server.access_key_id, secret or server.secret_access_key, "us-east-1", server.endpoint,
                   None, classify)
 
 
 def test_with_auth_enforced_the_listing_and_the_part_size_are_answered(s3_server_auth):
     """moto checks each signature here: a listing of keys that need encoding, and a multipart
-    object's first part size, both answered."""
-    s3_server_auth.make_bucket("private")
+    object's first part size, both answered. (The server is the session's: a bucket of this test's
+    own, so that no other test's keys are listed.)"""
+    bucket = s3_server_auth.make_bucket("rest-signed")
     keys = ["data/a b+c.txt", "data/ünï/x", "data/ctl\x01key", "data/%41", "data2/not-below"]
     for key in keys:
-        s3_server_auth.put("private", key, key.encode())
-    s3_server_auth.put_multipart("private", "data/big.bin", os.urandom(6 * 1024 * 1024))
-    rest = _rest(s3_server_auth)
+        s3_server_auth.put(bucket, key, key.encode())
+    s3_server_auth.put_multipart(bucket, "data/big.bin", os.urandom(6 * 1024 * 1024))
+    rest = _rest(s3_server_auth, bucket)
     listed = rest.listing("data/")
     assert sorted(key for key, _, _ in listed) == sorted([*keys[:4], "data/big.bin"])
     assert {key: size for key, size, _ in listed}["data/ünï/x"] == len("data/ünï/x".encode())
@@ -59,9 +60,9 @@ def test_with_auth_enforced_the_listing_and_the_part_size_are_answered(s3_server
 
 
 def test_a_wrong_secret_is_a_refused_signature_a_permanent_auth_failure(s3_server_auth):
-    s3_server_auth.make_bucket("private")
+    bucket = s3_server_auth.make_bucket("rest-refused")
     with pytest.raises(PermanentError) as refused:
-        _rest(s3_server_auth, secret="not-the-secret").listing("data/")
+        _rest(s3_server_auth, bucket, secret="not-the-secret").listing("data/")
     assert refused.value.reason == "AuthFailed" and "SignatureDoesNotMatch" in str(refused.value)
     assert "not-the-secret" not in str(refused.value)
 
