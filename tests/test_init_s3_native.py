@@ -5,9 +5,13 @@ the one exit table."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
+from conftest import Job, clean_env, launcher, wait_for
+from launcher.initializers import lease
+from launcher.initializers.ahead import MAX_AGE
 from test_init_storage import files_under, init, termination
 
 DATA = {"corpus/a.bin": os.urandom(300_000), "corpus/sub/b.bin": os.urandom(5_000), "corpus/c.txt": b"c\n"}
@@ -47,7 +51,8 @@ def test_bodies_come_through_the_native_client_and_the_listing_through_ours_or_b
     listings = [agent for method, path, agent in proxy.agents if "list-type" in path]
     assert len(bodies) == len(DATA) and all(agent.startswith("object_store") for agent in bodies), bodies
     lister = "trainer-launcher/" if keys == "given" else "Boto3"
-    assert listings and all(lister in agent for agent in listings), listings
+    # One listing: the download made it while its launcher validated, and the go word confirmed it.
+    assert len(listings) == 1 and lister in listings[0], listings
 
 
 @pytest.mark.parametrize(("status", "code", "reason"), [
@@ -96,3 +101,32 @@ def test_an_unreadable_ca_bundle_is_one_permanent_line(s3_server, corpus, tmp_pa
     result = init("dataset", env(s3_server, s3_server.endpoint, AWS_CA_BUNDLE=str(tmp_path / "missing.pem")), out)
     assert result.returncode == 2, result.stderr
     assert "AWS_CA_BUNDLE=" in result.stderr and "missing.pem" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_listing_older_than_the_go_word_allows_is_made_again(s3_server, fault_proxy, tmp_path):
+    """The download lists while its launcher validates. A launcher that then waits for another
+    initializer's lease longer than MAX_AGE gives a word that listing cannot serve: what arrives
+    is what the bucket holds when the download starts, not when its pod did."""
+    bucket = s3_server.make_bucket("ahead-stale")
+    s3_server.put(bucket, "data/a.bin", b"old")
+    proxy = fault_proxy(s3_server.endpoint)
+    out = tmp_path / "out"
+
+    def listings() -> int:
+        return sum("list-type=2" in path for _, path, _ in proxy.requests)
+
+    held = lease.acquire(str(out), 60, 0, lambda line: None, lambda why: None)  # another initializer's
+    try:
+        job = Job(launcher("init", "dataset", "--output", str(out)),
+                  clean_env(**env(s3_server, proxy.endpoint, STORAGE_URI=f"s3://{bucket}/data")), tmp_path, "waiter")
+        wait_for(lambda: "waiting for the lease held by" in job.stderr and listings() == 1,
+                 what="the waiter, its listing made")
+        listed = time.monotonic()
+        s3_server.put(bucket, "data/a.bin", b"new")
+        s3_server.put(bucket, "data/b.bin", b"b")
+        wait_for(lambda: time.monotonic() > listed + MAX_AGE, timeout=MAX_AGE + 30, what="the listing to age")
+    finally:
+        held.release()
+    assert job.wait(60) == 0, job.stderr
+    assert files_under(out) == {"a.bin": b"new", "b.bin": b"b"}
+    assert listings() == 2

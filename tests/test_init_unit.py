@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from conftest import REPO, clean_env, launcher
+from conftest import REPO, clean_env, launcher, wait_for
 from launcher.initializers.errors import PermanentError
 from launcher.initializers.listing import RemoteFile, refuse_clashes, safe_destination, select
 from launcher.initializers.archive import extract, refuse_links_into_state
@@ -240,29 +240,51 @@ def test_the_download_told_nothing_leaves_quietly_having_written_nothing(tmp_pat
 
 
 @pytest.mark.parametrize(("credentials", "boto3"), [
-    ({}, True),  # boto3's own chain finds them
+    ({"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret"}, True),  # boto3's own chain finds them
     ({"ACCESS_KEY_ID": "id", "SECRET_ACCESS_KEY": "secret", "ROLE_ARN": "arn:aws:iam::1:role/r"}, True),
     ({"ACCESS_KEY_ID": "id", "SECRET_ACCESS_KEY": "secret"}, False),  # the Trainer's initializer: no boto3
 ])
-def test_for_s3_the_download_loads_its_client_while_it_waits_and_says_nothing(tmp_path, credentials, boto3):
-    """S3's client loads before the go word (the larger part of an S3 download's start): obstore
-    always; boto3 and botocore's model of S3 only where the credentials need them. No request goes
-    out, and told nothing the download still leaves quietly."""
+def test_for_s3_the_download_loads_its_client_and_lists_while_it_waits(s3_server, fault_proxy, tmp_path,
+                                                                        credentials, boto3):
+    """Before its go word, the download loads S3's client (obstore always; boto3 and botocore's
+    model of S3 only where the credentials need them) and lists the source from the environment
+    as it is: reads only, no body, nothing written. Told nothing, it still leaves quietly, at once."""
+    bucket = s3_server.make_bucket("ahead-unsaid")
+    s3_server.put(bucket, "data/a.bin", b"a" * 1000)
+    proxy = fault_proxy(s3_server.endpoint)
     read, write = os.pipe()
-    os.close(write)
     try:
-        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher.initializers.fetch", "--go-fd",
-                               str(read)], pass_fds=(read,), env=clean_env(STORAGE_URI="s3://bucket/data",
-                                                                          **credentials),
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        child = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "launcher.initializers.fetch", "--go-fd",
+                                  str(read)], pass_fds=(read,), cwd=tmp_path, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True,
+                                 env=clean_env(STORAGE_URI=f"s3://{bucket}/data", ENDPOINT=proxy.endpoint,
+                                               **credentials))
     finally:
         os.close(read)
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
-    assert (done.returncode, done.stdout) == (0, "")
-    assert [line for line in done.stderr.splitlines() if not line.startswith("import time:")] == []
+    try:
+        wait_for(lambda: proxy.requests, what="the download's first request, ahead of its word")
+    finally:
+        os.close(write)
+    stdout, stderr = child.communicate(timeout=120)
+    imported = {line.split("|")[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+    assert (child.returncode, stdout) == (0, "")
+    assert [line for line in stderr.splitlines() if not line.startswith("import time:")] == []
     assert {"obstore.store", "launcher.initializers.s3"} <= imported
     assert ({"boto3", "botocore.session"} <= imported) is boto3, imported & {"boto3", "botocore.session"}
     assert ("launcher.initializers.s3_rest" in imported) is not boto3
+    # The listing, or the role's AssumeRole before it: no object read, nothing else asked.
+    assert all("list-type=2" in path or (method, path) == ("POST", "/") for method, path, _ in proxy.requests), \
+        proxy.requests
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_listing_ahead_reads_each_setting_from_the_variable_the_settings_read():
+    """Else the word never confirms the listing made ahead, and every download lists twice."""
+    from launcher.initializers.ahead import LISTED_FROM
+    from launcher.initializers.settings import InitSettings
+
+    for name, variable in LISTED_FROM.items():
+        assert InitSettings.model_fields[name].json_schema_extra["env"] == (variable,), name
 
 
 def test_the_model_initializer_keeps_upstreams_default_ignore_list(tmp_path):

@@ -5,8 +5,9 @@ It is started before the launcher validates anything, and waits for its go word 
 order (launcher.initializers.order), the log format, the retryable exit codes and where to hand
 its outcome. End of file without a word (the launcher found bad input, or lost the wait for the
 lease): it leaves at once, quietly. It loads no pydantic and no settings: the word carries what
-the launcher validated, so its start (an interpreter and the engine's imports) runs beside the
-launcher's own instead of after it.
+the launcher validated, so its start (an interpreter, the engine's imports, and the source's
+listing where the word confirms it: launcher.initializers.ahead) runs beside the launcher's own
+instead of after it.
 
 A SIGTERM ends it where it is (the default action): what it wrote is parts under the state
 directory, resumed by the next run, and nothing half-written under a final name.
@@ -14,19 +15,21 @@ directory, resumed by the next run, and nothing half-written under a final name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from launcher.core import log
-from launcher.core.outcome import Outcome, Reasons, internal_error
-from launcher.core.report import hand_over
-from launcher.initializers import archive
-from launcher.initializers.engine import Engine, Summary
-from launcher.initializers.errors import PermanentError, TransientError, failure_outcome
-from launcher.initializers.listing import select
+from launcher.initializers.ahead import Ahead
 from launcher.initializers.order import Order
-from launcher.initializers.uri import StorageUri, parse_storage_uri
+
+if TYPE_CHECKING:  # loaded after the listing ahead has begun: its request goes out first
+    from launcher.core.outcome import Outcome
+    from launcher.initializers.engine import Summary
+    from launcher.initializers.uri import StorageUri
 
 # Upstream's model initializer skips these weight formats unless IGNORE_PATTERNS says otherwise.
 MODEL_DEFAULT_IGNORE = ("*.msgpack", "*.h5", "*.bin", "*.pt", "*.pth")
@@ -36,14 +39,18 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "--go-fd" or not argv[1].isdigit():
         print(f"usage: python -m launcher.initializers.fetch --go-fd N (got {' '.join(argv)!r})", file=sys.stderr)
         return 2
-    _load_ahead(os.environ.get("STORAGE_URI", ""))
+    ahead = Ahead(os.environ, _source)
+    _load_the_download()  # beside the listing's requests, while the launcher validates
     word = _read_word(int(argv[1]))
     if not word:
         return 0
     said = json.loads(word)
     log.configure(said["log_format"])
+    from launcher.core.outcome import internal_error
+    from launcher.core.report import hand_over
+
     try:
-        outcome = fetch(Order.from_json(said["order"]))
+        outcome = fetch(Order.from_json(said["order"]), ahead)
     except Exception as error:  # noqa: BLE001 - the launcher's own bug: 70, as launcher.cli reports one
         import traceback
 
@@ -52,26 +59,14 @@ def main(argv: list[str]) -> int:
     return hand_over(outcome, frozenset(said["codes"]), said["handoff"])
 
 
-def _load_ahead(storage_uri: str) -> None:
-    """Load what the download of ``storage_uri`` (the variable as it is, not yet validated) will
-    need, while the launcher validates: for S3, obstore, and boto3 with botocore's model of S3
-    unless the keys are given (about 0.7 s here, which would otherwise come after the go word).
-    Only a head start: the go word alone says what is fetched, and what fails here fails again
-    where it is used, and is reported there."""
-    scheme = storage_uri.strip().lower().partition("://")[0]
-    try:
-        if scheme == "s3":
-            from launcher.initializers import s3
-
-            names = ("ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "ROLE_ARN")
-            s3.warm(s3.given_keys(*(os.environ.get(name) for name in names)))
-        elif scheme in ("hf", "https", "http"):
-            import importlib
-
-            for module in ("huggingface_hub",) * (scheme == "hf") + ("launcher.initializers.http",):
-                importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - reported where the download meets it
-        pass
+def _load_the_download() -> None:
+    """The download's own modules, loaded before its word: only a head start, since each is
+    imported again where it is used (an import the listing's thread holds up is simply left)."""
+    with contextlib.suppress(Exception):
+        import launcher.core.outcome
+        import launcher.core.report
+        import launcher.initializers.archive
+        import launcher.initializers.engine  # noqa: F401
 
 
 def _read_word(fd: int) -> bytes:
@@ -83,21 +78,25 @@ def _read_word(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def fetch(order: Order) -> Outcome:
+def fetch(order: Order, ahead: Ahead | None = None) -> Outcome:
     """The download itself, under the lease the launcher holds."""
+    from launcher.core.outcome import Outcome, Reasons
+    from launcher.initializers.errors import PermanentError, TransientError, failure_outcome
+    from launcher.initializers.uri import parse_storage_uri
+
     uri = parse_storage_uri(order.storage_uri)
     try:
-        summary = _download(order, uri)
+        summary = _download(order, uri, ahead)
     except (PermanentError, TransientError, OSError) as error:
         return failure_outcome(error, uri.shown, order.target)
     return Outcome.of(Reasons.SUCCEEDED, _said(summary, uri, order.target), extra={"uri": uri.shown})
 
 
-def _source(order: Order, uri: StorageUri):
+def _source(order: Order, uri: StorageUri, say: Callable[[str], None] = log.info):
     from launcher.initializers import sources
 
     if uri.scheme == "file":
-        return sources.FileSource(uri, log.info)
+        return sources.FileSource(uri, say)
     if uri.scheme in ("https", "http"):
         return sources.HttpsSource(uri, uri.shown)
     if uri.scheme == "s3":
@@ -107,9 +106,19 @@ def _source(order: Order, uri: StorageUri):
     return sources.HubSource(uri, order.kind, order.access_token, order.revision)
 
 
-def _download(order: Order, uri: StorageUri) -> Summary:
-    source = _source(order, uri)
-    listed = source.list()
+def _download(order: Order, uri: StorageUri, ahead: Ahead | None) -> Summary:
+    from launcher.initializers import archive
+    from launcher.initializers.engine import Engine
+    from launcher.initializers.listing import select
+
+    made = ahead.take(order) if ahead is not None else None
+    if made is not None:
+        source, listed, said = made
+        for line in said:
+            log.info(line)
+    else:
+        source = _source(order, uri)
+        listed = source.list()
     ignore = order.ignore_patterns
     if ignore is None and order.kind == "model":
         ignore = MODEL_DEFAULT_IGNORE
