@@ -9,6 +9,7 @@ the elastic examples do; its weights count the steps done, so a step lost or don
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -221,7 +222,12 @@ def test_a_lost_pod_replaced_rejoins_and_every_pod_finishes_from_the_checkpoint(
     (replacement,) = _pods(tmp_path, report_dir, "launcher", backend, port=port, nodes=(lost,), options=options,
                            STEPS=steps)
     for pod in (survivor, replacement):
-        assert pod.wait(300) == 0, pod.stderr[-5000:]
+        try:
+            code = pod.wait(300)
+        except subprocess.TimeoutExpired:  # what each pod last said, to tell which one held up the other
+            pytest.fail(f"still running after 300 s; survivor:\n{survivor.stderr[-4000:]}\n"
+                        f"replacement:\n{replacement.stderr[-4000:]}")
+        assert code == 0, pod.stderr[-5000:]
         message = pod.termination()
         assert message["exitCode"] == 0, message
     assert "rejoining the job at restart 1 of 2" in replacement.stderr, replacement.stderr[-3000:]
