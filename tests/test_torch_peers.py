@@ -14,7 +14,9 @@ import re
 import signal
 from pathlib import Path
 
-from conftest import RANKS, Job, clean_env, free_port, launcher, rank_reports, wait_for
+import pytest
+
+from conftest import RANKS, REPO, Job, clean_env, free_port, launcher, rank_reports, wait_for
 
 from launcher.core.job_outcome import NodeOutcome, job_outcome, root_cause
 from launcher.core.outcome import Outcome, RootCause
@@ -257,3 +259,36 @@ def test_a_node_that_never_said_how_its_ranks_ended_is_the_lost_pod_and_only_it(
     assert job_outcome(own, 1, "tj-node-0-1", nodes, 3, lambda: outlived) is outlived
     assert job_outcome(own, 1, "tj-node-0-1", [mine], 3) is own  # the store is gone: who else is, unknown
     assert job_outcome(own, 1, "tj-node-0-1", [mine], 2).root_cause.node == "tj-node-0-0"
+
+
+AGENT_TOLD_OF_A_PEERS_STOP = r'''
+import os, subprocess, sys
+from launcher.torch.agent import Agent
+ranks = [subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"]) for code in map(int, sys.argv[2:])]
+for rank in ranks:
+    rank.wait()
+verdict, said = os.pipe()
+os.write(said, b"\n")  # the launcher's verdict line: none
+os.close(said)
+agent = Agent(os.fdopen(verdict, "rb"), os.open(os.devnull, os.O_WRONLY), sys.argv[1], None, grace=1)
+agent.workers = ranks
+agent.on_peer_stop()
+'''
+
+
+@pytest.mark.parametrize(("codes", "ending", "exit_code"), [
+    ((0, 0), "succeeded", 0),  # torchrun sits in its exit barrier: the ranks are done
+    ((0, 1), "stopped", 1),  # a rank failed as the peer went away, torchrun stuck telling its store
+])
+def test_an_agent_whose_ranks_ended_reports_how_they_ended_when_a_peer_stops(tmp_path, codes, ending, exit_code):
+    """The watcher hears of a peer's stop after this node's ranks have all exited (torchrun, blocked
+    in a store that is gone, runs no signal handler): the agent reports from the watcher, and a
+    rank that failed is never a success (it was: the job succeeded after its master pod was lost)."""
+    import subprocess
+    import sys
+
+    report = tmp_path / "agent.json"
+    done = subprocess.run([sys.executable, "-c", AGENT_TOLD_OF_A_PEERS_STOP, str(report), *map(str, codes)],
+                          cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
+    written = json.loads(report.read_text())
+    assert (done.returncode, written["ending"], written["exitCode"]) == (exit_code, ending, exit_code), done.stderr

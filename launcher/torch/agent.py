@@ -209,10 +209,13 @@ class Agent:
 
     def on_peer_stop(self) -> NoReturn:
         """A peer failed (watcher thread). With ranks running, SIGTERM ourselves: torchrun's own
-        handler stops them and raises in the main thread, which finishes. Without (torchrun sits in
-        its exit barrier, blocked in the store, where no signal handler runs), finish from here."""
+        handler stops them and raises in the main thread, which finishes. Without, torchrun is
+        blocked in the store, where no signal handler runs, so finish from here: its ranks all
+        succeeded (it sits in its exit barrier), or one failed (the peer's loss broke their
+        collectives first, and torchrun is stuck telling a store that is gone): never a success."""
         workers = self.find_workers()
-        if any(worker.poll() is None for worker in workers):
+        codes = [worker.poll() for worker in workers]
+        if any(code is None for code in codes):
             self._stopping = True
             os.kill(os.getpid(), signal.SIGTERM)
             # torchrun waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT (the grace period) for its ranks.
@@ -221,6 +224,10 @@ class Agent:
 
             stop_local_ranks(workers, 0)
             self.finish(records.report(self._stop_ending(), 128 + signal.SIGTERM, **self._stopped_by()))
+        failed = [code for code in codes if code]
+        if failed:
+            code = failed[0] if failed[0] > 0 else 128 - failed[0]
+            self.finish(records.report(self._stop_ending(), code, **self._stopped_by()))
         self.finish(records.report("succeeded", 0, **self._stopped_by()))
 
     def finish(self, report: dict) -> NoReturn:
