@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -284,9 +286,6 @@ def test_an_agent_whose_ranks_ended_reports_how_they_ended_when_a_peer_stops(tmp
     """The watcher hears of a peer's stop after this node's ranks have all exited (torchrun, blocked
     in a store that is gone, runs no signal handler): the agent reports from the watcher, and a
     rank that failed is never a success (it was: the job succeeded after its master pod was lost)."""
-    import subprocess
-    import sys
-
     report = tmp_path / "agent.json"
     done = subprocess.run([sys.executable, "-c", AGENT_TOLD_OF_A_PEERS_STOP, str(report), *map(str, codes)],
                           cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)

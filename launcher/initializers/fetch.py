@@ -78,7 +78,7 @@ def _read_word(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def fetch(order: Order, ahead: Ahead | None = None) -> Outcome:
+def fetch(order: Order, ahead: Ahead) -> Outcome:
     """The download itself, under the lease the launcher holds."""
     from launcher.core.outcome import Outcome, Reasons
     from launcher.initializers.errors import PermanentError, TransientError, failure_outcome
@@ -106,12 +106,12 @@ def _source(order: Order, uri: StorageUri, say: Callable[[str], None] = log.info
     return sources.HubSource(uri, order.kind, order.access_token, order.revision)
 
 
-def _download(order: Order, uri: StorageUri, ahead: Ahead | None) -> Summary:
+def _download(order: Order, uri: StorageUri, ahead: Ahead) -> Summary:
     from launcher.initializers import archive
     from launcher.initializers.engine import Engine
     from launcher.initializers.listing import select
 
-    made = ahead.take(order) if ahead is not None else None
+    made = ahead.take(order)
     if made is not None:
         source, listed, said = made
         for line in said:

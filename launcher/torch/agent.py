@@ -226,8 +226,9 @@ class Agent:
             self.finish(records.report(self._stop_ending(), 128 + signal.SIGTERM, **self._stopped_by()))
         failed = [code for code in codes if code]
         if failed:
-            code = failed[0] if failed[0] > 0 else 128 - failed[0]
-            self.finish(records.report(self._stop_ending(), code, **self._stopped_by()))
+            from launcher.core.outcome import code_for  # only here: the agent's start does without it
+
+            self.finish(records.report(self._stop_ending(), code_for(failed[0]), **self._stopped_by()))
         self.finish(records.report("succeeded", 0, **self._stopped_by()))
 
     def finish(self, report: dict) -> NoReturn:
